@@ -112,6 +112,9 @@ void gguf_close(gguf_file_t *file);
 uint32_t gguf_version(const gguf_file_t *file);
 uint64_t gguf_file_size(const gguf_file_t *file);      /* bytes */
 uint32_t gguf_alignment(const gguf_file_t *file);      /* general.alignment or 32 */
+/* Bytes from the start of the file to the data section (tensor offsets are
+ * relative to it); a multiple of gguf_alignment(). */
+uint64_t gguf_data_offset(const gguf_file_t *file);
 
 uint64_t gguf_n_kv(const gguf_file_t *file);
 const gguf_kv_t *gguf_kv_at(const gguf_file_t *file, uint64_t i);
