@@ -1,0 +1,3 @@
+# GGUF reader and dequantization tests (common/gguf.h, common/dequant.h).
+baton_add_test(NAME test_gguf_model SOURCES unit/test_gguf_model.c
+  LIBS baton_gguf m LABELS unit model TIMEOUT 120)
