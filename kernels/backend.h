@@ -170,13 +170,18 @@ baton_status_t backend_cpu_create(int n_threads, backend_t **out);
 
 /* Creates the CUDA backend on `device` (bf16 weights and KV). Returns
  * BATON_ERR_UNSUPPORTED when baton was built without CUDA or no GPU is
- * present. */
+ * present. Build hook: the real definition lives in the target
+ * baton_kernels_cuda (kernels/cuda/CMakeLists.txt); when that target exists,
+ * kernels/CMakeLists.txt compiles backend.c with BATON_HAVE_CUDA=1 and links
+ * it, otherwise backend.c defines this function returning UNSUPPORTED. */
 baton_status_t backend_cuda_create(int device, backend_t **out);
 
 /* Creates a backend by name ("cpu", "cuda"). */
 baton_status_t backend_create(const char *name, int n_threads, backend_t **out);
 
-/* Frees a backend from any of the constructors. NULL-safe. */
+/* Frees a backend from any of the constructors (ops->destroy frees the
+ * context and the backend_t itself). Memory from ->alloc and weights must
+ * be freed before. NULL-safe. */
 void backend_free(backend_t *be);
 
 #endif
