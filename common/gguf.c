@@ -731,9 +731,17 @@ int64_t gguf_arr_i64(const gguf_kv_t *kv, uint64_t i) {
     uint64_t sz = scalar_size(t);
     assert(sz > 0);
     uint64_t raw = rd_le(kv->v.arr.data + i * sz, (int)sz);
-    if (t == GGUF_VALUE_FLOAT32 || t == GGUF_VALUE_FLOAT64) return (int64_t)float_bits(raw, sz);
+    if (t == GGUF_VALUE_FLOAT32 || t == GGUF_VALUE_FLOAT64) {
+        /* Truncates toward zero; saturates outside int64, NaN gives 0. */
+        double d = float_bits(raw, sz);
+        if (d != d) return 0;
+        if (d >= 9223372036854775808.0) return INT64_MAX;
+        if (d < -9223372036854775808.0) return INT64_MIN;
+        return (int64_t)d;
+    }
     if (type_is_signed(t)) return sext(raw, sz);
-    return (int64_t)raw;
+    /* uint64 above INT64_MAX saturates. */
+    return raw > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)raw;
 }
 
 bool gguf_str_eq(gguf_str_t s, const char *cstr) {

@@ -135,8 +135,10 @@ baton_status_t gguf_get_str(const gguf_file_t *file, const char *key, gguf_str_t
 baton_status_t gguf_get_arr(const gguf_file_t *file, const char *key,
                             gguf_value_type_t elem_type, const gguf_kv_t **out);
 
-/* Reads element i of a numeric array as double / int64 (no bounds check
- * beyond an assert: callers loop below arr.n). */
+/* Reads element i of a numeric (or bool) array as double / int64 (no
+ * bounds check beyond an assert: callers loop below arr.n). gguf_arr_i64
+ * truncates floats toward zero and saturates values outside int64 (NaN
+ * gives 0). */
 double gguf_arr_f64(const gguf_kv_t *kv, uint64_t i);
 int64_t gguf_arr_i64(const gguf_kv_t *kv, uint64_t i);
 

@@ -478,6 +478,35 @@ static void check_bad(void) {
     free(b.p);
 }
 
+/* Regression (found by fuzz_gguf): gguf_arr_i64 on float elements outside
+ * int64 was an undefined cast; it now saturates, NaN gives 0. */
+static void check_arr_i64_saturates(void) {
+    buf_t b = {0};
+    b_header(&b, 3, 0, 2);
+    b_str(&b, "f"); b_u32(&b, GGUF_VALUE_ARRAY); b_u32(&b, GGUF_VALUE_FLOAT32); b_u64(&b, 5);
+    b_f32(&b, 1.0e34f); b_f32(&b, -1.0e34f); b_f32(&b, NAN); b_f32(&b, -2.75f);
+    b_f32(&b, 9.2233720e18f); /* 2^63 as a float */
+    b_str(&b, "u"); b_u32(&b, GGUF_VALUE_ARRAY); b_u32(&b, GGUF_VALUE_UINT64); b_u64(&b, 1);
+    b_u64(&b, UINT64_MAX);
+    gguf_file_t *f = NULL;
+    CHECK_OK(gguf_open_memory(b.p, b.n, &f));
+    const gguf_kv_t *kv;
+    if (f && gguf_get_arr(f, "f", GGUF_VALUE_FLOAT32, &kv) == BATON_OK) {
+        CHECK(gguf_arr_i64(kv, 0) == INT64_MAX);
+        CHECK(gguf_arr_i64(kv, 1) == INT64_MIN);
+        CHECK(gguf_arr_i64(kv, 2) == 0);
+        CHECK(gguf_arr_i64(kv, 3) == -2);
+        CHECK(gguf_arr_i64(kv, 4) == INT64_MAX);
+        CHECK(isnan(gguf_arr_f64(kv, 2)));
+    }
+    if (f && gguf_get_arr(f, "u", GGUF_VALUE_UINT64, &kv) == BATON_OK) {
+        CHECK(gguf_arr_i64(kv, 0) == INT64_MAX);
+        CHECK(gguf_arr_f64(kv, 0) == 18446744073709551615.0);
+    }
+    gguf_close(f);
+    free(b.p);
+}
+
 static void check_paths(void) {
     gguf_file_t *f = (gguf_file_t *)(uintptr_t)0x1;
     CHECK_EQ_INT(gguf_open("/nonexistent/dir/model.gguf", &f), BATON_ERR_IO);
@@ -513,6 +542,7 @@ static void check_paths(void) {
 int main(void) {
     check_valid();
     check_bad();
+    check_arr_i64_saturates();
     check_paths();
     return TEST_DONE();
 }
