@@ -162,7 +162,7 @@ static void decode_scalar(uint32_t t, const uint8_t *p, gguf_kv_t *kv) {
 
 #define KEYF(kv) (int)((kv)->key.len > 200 ? 200 : (kv)->key.len), (kv)->key.data
 
-static baton_status_t parse_kv(cursor_t *c, uint64_t idx, gguf_kv_t *kv) {
+static baton_status_t parse_kv(cursor_t *c, gguf_kv_t *kv) {
     baton_status_t st = cur_str(c, &kv->key, "kv key");
     if (st != BATON_OK) return st;
     uint32_t type;
@@ -240,7 +240,6 @@ static baton_status_t parse_kv(cursor_t *c, uint64_t idx, gguf_kv_t *kv) {
     }
     kv->v.arr.n = n;
     kv->v.arr.strs = strs;
-    (void)idx;
     return BATON_OK;
 }
 
@@ -387,7 +386,7 @@ static baton_status_t parse(gguf_file_t *f) {
     f->alignment = GGUF_DEFAULT_ALIGNMENT;
     for (uint64_t i = 0; i < n_kv; i++) {
         gguf_kv_t *kv = &f->kvs[i];
-        st = parse_kv(&c, i, kv);
+        st = parse_kv(&c, kv);
         f->n_kv = i + 1; /* so file_free releases this kv's strs */
         if (st != BATON_OK) return st;
         if (gguf_str_eq(kv->key, "general.alignment")) {
