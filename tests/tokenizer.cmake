@@ -1,0 +1,4 @@
+# Tokenizer, streaming detokenizer and chat template tests (common/tokenizer.h,
+# common/chat_template.h). Golden files come from tests/golden/gen_tokenizer*.py.
+baton_add_test(NAME test_tokenizer SOURCES unit/test_tokenizer.c
+  LIBS baton_tokenizer LABELS unit model TIMEOUT 120)
