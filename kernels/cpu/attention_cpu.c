@@ -7,16 +7,20 @@
  *
  * Attention is one pass with an online softmax (Milakov & Gimelshein 2018,
  * "Online normalizer calculation for softmax"; the FlashAttention
- * recurrence): per query head a running max m, denominator l and
- * accumulator acc; each chunk of keys rescales acc and l by exp(m_old -
- * m_new). A task is (token, KV head, a run of that KV head's query heads),
- * so a GQA group reads each K/V row once. Tasks are handed out last token
- * first: under the causal mask later tokens do the most work. */
+ * recurrence): per (query token, head) row a running max m, denominator l
+ * and accumulator acc; each chunk of keys rescales acc and l by exp(m_old -
+ * m_new). A task is (a tile of up to ATTN_TILE consecutive tokens of one
+ * sequence, one KV head, a run of that KV head's query heads), so every
+ * K/V row read serves all the tile's tokens and the GQA group's heads.
+ * Tiles are handed out last first: under the causal mask later tokens do
+ * the most work. */
 #include <math.h>
 
 #include "kernels/cpu/backend_cpu.h"
 
-#define ATTN_CHUNK 64 /* keys scored at once, per head */
+#define ATTN_CHUNK 64          /* keys scored at once, per row */
+#define ATTN_TILE 16           /* query tokens of one sequence per task */
+#define ATTN_MAX_GROUP_ROWS 64 /* query heads per KV head handled */
 
 /* Validates geometry, layer and batch metadata so that every block-table
  * lookup below is in range. Nothing is written before this passes. */
@@ -98,35 +102,77 @@ typedef struct {
     float *out;
     float *scratch;
     size_t scratch_floats;
+    const int32_t *tiles; /* [n_tiles, 2]: first token, token count */
+    int32_t n_tiles;
     int32_t n_heads, group, heads_per_task, subs_per_kvh;
     float scale;
 } attn_args_t;
 
+/* Scores of 4 query rows against one key: out[r] = q_r . k (4-wide
+ * partial sums; k is loaded once for the 4 rows). */
+static inline void dot4(const float *q0, const float *q1, const float *q2, const float *q3,
+                        const float *k, int32_t n, float out[4]) {
+    int32_t i = 0;
+    cpu_v4 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (; i + 4 <= n; i += 4) {
+        cpu_v4 kv = cpu_v4_load(k + i);
+        s0 += cpu_v4_load(q0 + i) * kv;
+        s1 += cpu_v4_load(q1 + i) * kv;
+        s2 += cpu_v4_load(q2 + i) * kv;
+        s3 += cpu_v4_load(q3 + i) * kv;
+    }
+    float r0 = (s0[0] + s0[1]) + (s0[2] + s0[3]), r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+    float r2 = (s2[0] + s2[1]) + (s2[2] + s2[3]), r3 = (s3[0] + s3[1]) + (s3[2] + s3[3]);
+    for (; i < n; i++) {
+        r0 += q0[i] * k[i];
+        r1 += q1[i] * k[i];
+        r2 += q2[i] * k[i];
+        r3 += q3[i] * k[i];
+    }
+    out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
+}
+
+/* One task: a tile of up to ATTN_TILE consecutive tokens of one sequence x
+ * one KV head x `hn` of its query heads. Row r = i * hn + h is query token
+ * i of the tile, head h0 + h; it sees keys 0..tok_pos + 1 - 1. Keys are
+ * walked block by block in chunks of ATTN_CHUNK; each K/V row is read once
+ * for all rows of the tile. */
 static void attn_task(void *argp, int64_t task, int worker) {
     const attn_args_t *a = argp;
     const backend_kv_geom_t *g = a->g;
     const backend_attn_batch_t *b = a->b;
     const int32_t hd = g->head_dim, bs = g->block_size, hn = a->heads_per_task;
-    const int64_t per_tok = (int64_t)g->n_kv_heads * a->subs_per_kvh;
-    const int32_t t = b->n_tokens - 1 - (int32_t)(task / per_tok);
-    const int32_t kvh = (int32_t)(task % per_tok) / a->subs_per_kvh;
-    const int32_t h0 = kvh * a->group + (int32_t)(task % per_tok) % a->subs_per_kvh * hn;
+    const int64_t per_tile = (int64_t)g->n_kv_heads * a->subs_per_kvh;
+    const int32_t tile = a->n_tiles - 1 - (int32_t)(task / per_tile); /* last (heaviest) first */
+    const int32_t kvh = (int32_t)(task % per_tile) / a->subs_per_kvh;
+    const int32_t h0 = kvh * a->group + (int32_t)(task % per_tile) % a->subs_per_kvh * hn;
+    const int32_t t0 = a->tiles[2 * tile], nq = a->tiles[2 * tile + 1];
+    const int32_t rows = nq * hn;
 
-    float *acc = a->scratch + (size_t)worker * a->scratch_floats; /* [hn, hd] */
-    float *sc = acc + (size_t)hn * hd;                             /* [hn, ATTN_CHUNK] */
-    float *m = sc + (size_t)hn * ATTN_CHUNK;                       /* [hn] */
-    float *l = m + hn;                                             /* [hn] */
-    const float *q = a->q + ((int64_t)t * a->n_heads + h0) * hd;   /* [hn, hd] */
-    for (int32_t h = 0; h < hn; h++) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
+    float *acc = a->scratch + (size_t)worker * a->scratch_floats; /* [rows, hd] */
+    float *sc = acc + (size_t)rows * hd;                           /* [rows, ATTN_CHUNK] */
+    float *m = sc + (size_t)rows * ATTN_CHUNK;                     /* [rows] */
+    float *l = m + rows;                                           /* [rows] */
+    const float *qr[ATTN_TILE * ATTN_MAX_GROUP_ROWS];
+    int32_t nkv[ATTN_TILE * ATTN_MAX_GROUP_ROWS]; /* keys visible to each row */
+    int32_t n_kv = 0;                             /* keys any row sees */
+    for (int32_t i = 0; i < nq; i++) {
+        const int32_t visible = b->tok_pos[t0 + i] + 1;
+        n_kv = visible > n_kv ? visible : n_kv;
+        for (int32_t h = 0; h < hn; h++) {
+            qr[i * hn + h] = a->q + ((int64_t)(t0 + i) * a->n_heads + h0 + h) * hd;
+            nkv[i * hn + h] = visible;
+        }
     }
-    memset(acc, 0, (size_t)hn * hd * sizeof(float));
+    for (int32_t r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(acc, 0, (size_t)rows * hd * sizeof(float));
 
-    const int64_t row = (int64_t)g->n_kv_heads * hd;     /* floats per slot */
+    const int64_t row = (int64_t)g->n_kv_heads * hd; /* floats per slot */
     const int64_t block_elems = (int64_t)bs * row;
-    const int32_t *bt = b->block_tables + (int64_t)b->tok_seq[t] * b->max_blocks;
-    const int32_t n_kv = b->tok_pos[t] + 1;
+    const int32_t *bt = b->block_tables + (int64_t)b->tok_seq[t0] * b->max_blocks;
 
     for (int32_t j0 = 0; j0 < n_kv; j0 += bs) {
         const int64_t blk_off = (int64_t)bt[j0 / bs] * block_elems + (int64_t)kvh * hd;
@@ -134,40 +180,55 @@ static void attn_task(void *argp, int64_t task, int worker) {
         const int32_t blen = n_kv - j0 < bs ? n_kv - j0 : bs;
         for (int32_t c0 = 0; c0 < blen; c0 += ATTN_CHUNK) {
             const int32_t cn = blen - c0 < ATTN_CHUNK ? blen - c0 : ATTN_CHUNK;
+            const int32_t jc = j0 + c0; /* absolute position of the chunk's first key */
+            /* scores; rows that see no key of this chunk are skipped */
             for (int32_t c = 0; c < cn; c++) {
                 const float *kr = kb + (int64_t)(c0 + c) * row;
-                for (int32_t h = 0; h < hn; h++)
-                    sc[h * ATTN_CHUNK + c] = cpu_vec_dot(q + (int64_t)h * hd, kr, hd) * a->scale;
+                int32_t r = 0;
+                for (; r + 4 <= rows; r += 4) {
+                    float d[4];
+                    dot4(qr[r], qr[r + 1], qr[r + 2], qr[r + 3], kr, hd, d);
+                    for (int32_t u = 0; u < 4; u++)
+                        sc[(r + u) * ATTN_CHUNK + c] = jc + c < nkv[r + u] ? d[u] * a->scale : -INFINITY;
+                }
+                for (; r < rows; r++)
+                    sc[r * ATTN_CHUNK + c] =
+                        jc + c < nkv[r] ? cpu_vec_dot(qr[r], kr, hd) * a->scale : -INFINITY;
             }
-            for (int32_t h = 0; h < hn; h++) {
-                float *s = sc + h * ATTN_CHUNK;
-                float mx = m[h];
+            /* online softmax update */
+            for (int32_t r = 0; r < rows; r++) {
+                if (nkv[r] <= jc)
+                    continue;
+                float *s = sc + r * ATTN_CHUNK;
+                float mx = m[r];
                 for (int32_t c = 0; c < cn; c++)
                     mx = s[c] > mx ? s[c] : mx;
-                float corr = expf(m[h] - mx); /* 0 on the first chunk (m = -inf) */
+                const float corr = expf(m[r] - mx); /* 0 on the first chunk (m = -inf) */
                 float sum = 0.0f;
                 for (int32_t c = 0; c < cn; c++) {
-                    s[c] = expf(s[c] - mx);
+                    s[c] = expf(s[c] - mx); /* masked: exp(-inf) = 0 */
                     sum += s[c];
                 }
-                l[h] = l[h] * corr + sum;
-                m[h] = mx;
+                l[r] = l[r] * corr + sum;
+                m[r] = mx;
                 if (corr != 1.0f)
                     for (int32_t i = 0; i < hd; i++)
-                        acc[(int64_t)h * hd + i] *= corr;
+                        acc[(int64_t)r * hd + i] *= corr;
             }
+            /* acc += p V */
             for (int32_t c = 0; c < cn; c++) {
                 const float *vr = vb + (int64_t)(c0 + c) * row;
-                for (int32_t h = 0; h < hn; h++)
-                    cpu_vec_axpy(acc + (int64_t)h * hd, sc[h * ATTN_CHUNK + c], vr, hd);
+                for (int32_t r = 0; r < rows; r++)
+                    if (jc + c < nkv[r])
+                        cpu_vec_axpy(acc + (int64_t)r * hd, sc[r * ATTN_CHUNK + c], vr, hd);
             }
         }
     }
-    float *o = a->out + ((int64_t)t * a->n_heads + h0) * hd;
-    for (int32_t h = 0; h < hn; h++) {
-        const float inv = 1.0f / l[h]; /* l >= 1: the max term contributes exp(0) */
+    for (int32_t r = 0; r < rows; r++) {
+        const float inv = 1.0f / l[r]; /* l >= 1: the max term contributes exp(0) */
+        float *o = a->out + (qr[r] - a->q);
         for (int32_t i = 0; i < hd; i++)
-            o[(int64_t)h * hd + i] = acc[(int64_t)h * hd + i] * inv;
+            o[i] = acc[(int64_t)r * hd + i] * inv;
     }
 }
 
@@ -182,18 +243,51 @@ baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const vo
                            n_heads, g->n_kv_heads);
     if (b->n_tokens == 0)
         return BATON_OK;
-    if (!q || !out)
-        return baton_error(BATON_ERR_INVALID_ARG, "cpu attention: q or out is NULL");
-    for (int32_t t = 0; t < b->n_tokens; t++)
-        if (b->seq_n_ctx[b->tok_seq[t]] < 1)
-            return baton_error(BATON_ERR_OUT_OF_RANGE, "cpu attention: token %d's sequence has no KV", t);
-    cpu_ctx_t *c = cpu_ctx(be);
+    if (!q || !out || !b->seq_first_tok || !b->seq_n_tok)
+        return baton_error(BATON_ERR_INVALID_ARG, "cpu attention: q, out or sequence ranges NULL");
+    /* Each sequence's tokens are seq_first_tok[s] .. + seq_n_tok[s] - 1, all
+     * tagged s, and the ranges cover the batch: every token is computed
+     * exactly once. */
+    int64_t covered = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++) {
+        const int32_t f = b->seq_first_tok[s], n = b->seq_n_tok[s];
+        if (n < 0 || f < 0 || (int64_t)f + n > b->n_tokens)
+            return baton_error(BATON_ERR_OUT_OF_RANGE, "cpu attention: seq %d tokens %d..+%d outside the batch",
+                               s, f, n);
+        for (int32_t t = f; t < f + n; t++)
+            if (b->tok_seq[t] != s)
+                return baton_error(BATON_ERR_INVALID_ARG, "cpu attention: token %d in seq %d's range has tok_seq %d",
+                                   t, s, b->tok_seq[t]);
+        covered += n;
+    }
+    if (covered != b->n_tokens)
+        return baton_error(BATON_ERR_INVALID_ARG, "cpu attention: sequence ranges cover %lld of %d tokens",
+                           (long long)covered, b->n_tokens);
     const int32_t group = n_heads / g->n_kv_heads;
+    if (group > ATTN_MAX_GROUP_ROWS)
+        return baton_error(BATON_ERR_UNSUPPORTED, "cpu attention: %d query heads per KV head > %d", group,
+                           ATTN_MAX_GROUP_ROWS);
+    cpu_ctx_t *c = cpu_ctx(be);
+    /* Tiles of up to ATTN_TILE tokens of one sequence. */
+    int64_t n_tiles = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        n_tiles += (b->seq_n_tok[s] + ATTN_TILE - 1) / ATTN_TILE;
+    st = cpu_tiles_reserve(c, (size_t)n_tiles * 2);
+    if (st != BATON_OK)
+        return st;
+    int32_t *tiles = c->tiles, nt = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        for (int32_t i = 0; i < b->seq_n_tok[s]; i += ATTN_TILE) {
+            tiles[2 * nt] = b->seq_first_tok[s] + i;
+            tiles[2 * nt + 1] = b->seq_n_tok[s] - i < ATTN_TILE ? b->seq_n_tok[s] - i : ATTN_TILE;
+            nt++;
+        }
     /* Whole GQA groups per task when that still gives every thread work;
      * otherwise one query head per task. */
-    int32_t subs = (int64_t)b->n_tokens * g->n_kv_heads >= 4 * (int64_t)c->n_threads ? 1 : group;
+    const int32_t subs = (int64_t)nt * g->n_kv_heads >= 4 * (int64_t)c->n_threads ? 1 : group;
     const int32_t hn = group / subs;
-    st = cpu_scratch_reserve(c, (size_t)hn * g->head_dim + (size_t)hn * ATTN_CHUNK + 2 * (size_t)hn);
+    const size_t rows = (size_t)ATTN_TILE * hn;
+    st = cpu_scratch_reserve(c, rows * g->head_dim + rows * ATTN_CHUNK + 2 * rows);
     if (st != BATON_OK)
         return st;
     const size_t layer_elems = (size_t)g->n_blocks * g->block_size * g->n_kv_heads * g->head_dim;
@@ -206,12 +300,14 @@ baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const vo
         .out = out,
         .scratch = c->scratch,
         .scratch_floats = c->scratch_floats,
+        .tiles = tiles,
+        .n_tiles = nt,
         .n_heads = n_heads,
         .group = group,
         .heads_per_task = hn,
         .subs_per_kvh = subs,
         .scale = 1.0f / sqrtf((float)g->head_dim),
     };
-    cpu_pool_run(c->pool, (int64_t)b->n_tokens * g->n_kv_heads * subs, attn_task, &a);
+    cpu_pool_run(c->pool, (int64_t)nt * g->n_kv_heads * subs, attn_task, &a);
     return BATON_OK;
 }

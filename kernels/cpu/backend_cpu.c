@@ -32,11 +32,24 @@ baton_status_t cpu_scratch_reserve(cpu_ctx_t *c, size_t floats) {
     return BATON_OK;
 }
 
+baton_status_t cpu_tiles_reserve(cpu_ctx_t *c, size_t n) {
+    if (n <= c->tiles_cap)
+        return BATON_OK;
+    size_t cap = c->tiles_cap * 2 > n ? c->tiles_cap * 2 : n;
+    int32_t *t = realloc(c->tiles, cap * sizeof(int32_t));
+    if (!t)
+        return baton_error(BATON_ERR_NO_MEMORY, "cpu: cannot allocate %zu attention tiles", cap / 2);
+    c->tiles = t;
+    c->tiles_cap = cap;
+    return BATON_OK;
+}
+
 static void cpu_destroy(backend_t *be) {
     cpu_ctx_t *c = cpu_ctx(be);
     if (c) {
         cpu_pool_free(c->pool);
         free(c->scratch);
+        free(c->tiles);
         free(c);
     }
     free(be);

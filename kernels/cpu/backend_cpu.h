@@ -27,6 +27,9 @@ typedef struct cpu_ctx {
      * needs more. */
     float *scratch;
     size_t scratch_floats;
+    /* Attention tile list (int32 pairs), grown like scratch. */
+    int32_t *tiles;
+    size_t tiles_cap;
 } cpu_ctx_t;
 
 static inline cpu_ctx_t *cpu_ctx(backend_t *be) { return (cpu_ctx_t *)be->ctx; }
@@ -34,6 +37,9 @@ static inline cpu_ctx_t *cpu_ctx(backend_t *be) { return (cpu_ctx_t *)be->ctx; }
 /* Ensures each worker has at least `floats` floats of attention scratch.
  * BATON_ERR_NO_MEMORY on failure (old scratch kept). */
 baton_status_t cpu_scratch_reserve(cpu_ctx_t *c, size_t floats);
+
+/* Ensures c->tiles holds at least `n` int32 (calling thread only). */
+baton_status_t cpu_tiles_reserve(cpu_ctx_t *c, size_t n);
 
 /* --- ops (ops_cpu.c) --- */
 baton_status_t cpu_matmul(backend_t *be, const backend_weight_t *w, const backend_weight_t *bias,
