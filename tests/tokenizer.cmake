@@ -2,3 +2,5 @@
 # common/chat_template.h). Golden files come from tests/golden/gen_tokenizer*.py.
 baton_add_test(NAME test_tokenizer SOURCES unit/test_tokenizer.c
   LIBS baton_tokenizer LABELS unit model TIMEOUT 120)
+baton_add_test(NAME test_tokenizer_spm SOURCES unit/test_tokenizer_spm.c
+  LIBS baton_tokenizer LABELS unit TIMEOUT 60)

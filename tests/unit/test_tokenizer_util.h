@@ -14,7 +14,7 @@
 
 /* Reads a whole file under $BATON_SOURCE_DIR (or the current directory)
  * into a NUL-terminated buffer; NULL on failure. */
-static char *tt_read_source_file(const char *rel) {
+static inline char *tt_read_source_file(const char *rel) {
     char path[4096];
     const char *src = getenv("BATON_SOURCE_DIR");
     snprintf(path, sizeof(path), "%s/%s", src && *src ? src : ".", rel);
@@ -37,7 +37,7 @@ static char *tt_read_source_file(const char *rel) {
 }
 
 /* Decodes lowercase/uppercase hex of `n` chars into a malloc'd buffer. */
-static char *tt_unhex(const char *hex, size_t n, size_t *out_len) {
+static inline char *tt_unhex(const char *hex, size_t n, size_t *out_len) {
     char *out = malloc(n / 2 + 1);
     for (size_t i = 0; i + 1 < n; i += 2) {
         char b[3] = {hex[i], hex[i + 1], 0};
@@ -49,7 +49,7 @@ static char *tt_unhex(const char *hex, size_t n, size_t *out_len) {
 }
 
 /* Parses space-separated ids of `s[0..n)` into a malloc'd array. */
-static int32_t *tt_parse_ids(const char *s, size_t n, size_t *count) {
+static inline int32_t *tt_parse_ids(const char *s, size_t n, size_t *count) {
     int32_t *ids = malloc((n / 2 + 1) * sizeof(int32_t));
     size_t k = 0;
     size_t i = 0;
@@ -64,7 +64,7 @@ static int32_t *tt_parse_ids(const char *s, size_t n, size_t *count) {
 }
 
 /* Splits `line` at tabs into at most max fields (pointer + length). */
-static size_t tt_fields(const char *line, size_t len, const char **f, size_t *fl, size_t max) {
+static inline size_t tt_fields(const char *line, size_t len, const char **f, size_t *fl, size_t max) {
     size_t k = 0, start = 0;
     for (size_t i = 0; i <= len && k < max; i++) {
         if (i == len || line[i] == '\t') {
@@ -80,7 +80,7 @@ static size_t tt_fields(const char *line, size_t len, const char **f, size_t *fl
 /* Streams ids through a detok_t; checks that every piece is complete valid
  * UTF-8 and that the joined stream equals the one-shot decode. Returns the
  * number of failed checks. */
-static int tt_check_stream(const tokenizer_t *tok, const int32_t *ids, size_t n, uint32_t flags,
+static inline int tt_check_stream(const tokenizer_t *tok, const int32_t *ids, size_t n, uint32_t flags,
                            const char *label) {
     int fails = 0;
     char *one = NULL;
@@ -133,7 +133,7 @@ typedef struct tt_gguf {
     uint64_t n_kv;
 } tt_gguf_t;
 
-static void tt_put(tt_gguf_t *g, const void *p, size_t n) {
+static inline void tt_put(tt_gguf_t *g, const void *p, size_t n) {
     if (g->n + n > g->cap) {
         g->cap = (g->n + n) * 2 + 64;
         g->b = realloc(g->b, g->cap);
@@ -141,19 +141,19 @@ static void tt_put(tt_gguf_t *g, const void *p, size_t n) {
     memcpy(g->b + g->n, p, n);
     g->n += n;
 }
-static void tt_u32(tt_gguf_t *g, uint32_t v) { tt_put(g, &v, 4); }
-static void tt_u64(tt_gguf_t *g, uint64_t v) { tt_put(g, &v, 8); }
-static void tt_str(tt_gguf_t *g, const char *s) {
+static inline void tt_u32(tt_gguf_t *g, uint32_t v) { tt_put(g, &v, 4); }
+static inline void tt_u64(tt_gguf_t *g, uint64_t v) { tt_put(g, &v, 8); }
+static inline void tt_str(tt_gguf_t *g, const char *s) {
     tt_u64(g, strlen(s));
     tt_put(g, s, strlen(s));
 }
-static void tt_kv_str(tt_gguf_t *g, const char *key, const char *val) {
+static inline void tt_kv_str(tt_gguf_t *g, const char *key, const char *val) {
     tt_str(g, key);
     tt_u32(g, 8); /* STRING */
     tt_str(g, val);
     g->n_kv++;
 }
-static void tt_kv_strs(tt_gguf_t *g, const char *key, const char *const *vals, size_t n) {
+static inline void tt_kv_strs(tt_gguf_t *g, const char *key, const char *const *vals, size_t n) {
     tt_str(g, key);
     tt_u32(g, 9); /* ARRAY */
     tt_u32(g, 8); /* of STRING */
@@ -162,7 +162,7 @@ static void tt_kv_strs(tt_gguf_t *g, const char *key, const char *const *vals, s
     g->n_kv++;
 }
 /* Body (kvs) is built first; tt_finish prepends the header. */
-static uint8_t *tt_finish(tt_gguf_t *g, size_t *size) {
+static inline uint8_t *tt_finish(tt_gguf_t *g, size_t *size) {
     tt_gguf_t out = {0};
     tt_put(&out, "GGUF", 4);
     tt_u32(&out, 3);
