@@ -291,6 +291,8 @@ static void render(const chat_template_t *ct, const chat_message_t *msgs, size_t
         }
         break;
     case CHAT_TEMPLATE_LLAMA2: {
+        /* Llama-2-chat: the system message is folded into the first user
+         * turn and the whole turn text is strip()ped, as the template does */
         size_t i = 0;
         const chat_message_t *sys = NULL;
         if (n && !strcmp(msgs[0].role, "system")) sys = &msgs[i++];
@@ -306,12 +308,13 @@ static void render(const chat_template_t *ct, const chat_message_t *msgs, size_t
                     b_special_id(b, tokenizer_bos(tok));
                 b_str(b, "[INST] ");
                 if (sys && first_user) {
-                    const char *sp;
-                    size_t sl;
-                    trimmed(sys, &sp, &sl);
                     b_str(b, "<<SYS>>\n");
-                    b_text(b, sp, sl);
+                    b_text(b, sys->content, sys->content_len);
                     b_str(b, "\n<</SYS>>\n\n");
+                    /* strip() of the combined text only trims its end */
+                    p = msgs[i].content;
+                    l = msgs[i].content_len;
+                    while (l && is_space(p[l - 1])) l--;
                 }
                 b_text(b, p, l);
                 b_str(b, " [/INST]");
@@ -376,6 +379,8 @@ static void render(const chat_template_t *ct, const chat_message_t *msgs, size_t
         if (gen) {
             b_special(b, "<|assistant|>");
             b_str(b, "\n");
+        } else if (tokenizer_eos(tok) >= 0) {
+            b_special_id(b, tokenizer_eos(tok)); /* the Phi-3 template ends a finished chat with EOS */
         }
         break;
     }

@@ -10,12 +10,14 @@
  *           SmolLM, trained by Hugging Face") is taken from the template text.
  *   LLAMA3  "<|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>",
  *           prompt "<|start_header_id|>assistant<|end_header_id|>\n\n".
- *   LLAMA2  Llama-2/Mistral: "[INST] {<<SYS>>\n{system}\n<</SYS>>\n\n}{user} [/INST]",
- *           assistant " {content} </s>", each later user turn starting with "<s>".
+ *   LLAMA2  Llama-2-chat: "<s>[INST] {<<SYS>>\n{system}\n<</SYS>>\n\n}{user} [/INST]",
+ *           assistant " {content} </s>"; every user turn opens with BOS (also
+ *           chosen for Mistral [INST] templates, whose spacing differs slightly).
  *   GEMMA   "<start_of_turn>{user|model}\n{content}<end_of_turn>\n", the system
  *           message prepended to the first user message followed by "\n\n";
  *           prompt "<start_of_turn>model\n".
- *   PHI3    "<|{role}|>\n{content}<|end|>\n", prompt "<|assistant|>\n".
+ *   PHI3    "<|{role}|>\n{content}<|end|>\n", prompt "<|assistant|>\n" (without
+ *           a generation prompt the template ends with EOS).
  * An unknown or missing template is logged and rendered as CHATML; callers
  * see this through chat_template_is_fallback().
  *

@@ -4,3 +4,5 @@ baton_add_test(NAME test_tokenizer SOURCES unit/test_tokenizer.c
   LIBS baton_tokenizer LABELS unit model TIMEOUT 120)
 baton_add_test(NAME test_tokenizer_spm SOURCES unit/test_tokenizer_spm.c
   LIBS baton_tokenizer LABELS unit TIMEOUT 60)
+baton_add_test(NAME test_chat_template SOURCES unit/test_chat_template.c
+  LIBS baton_tokenizer LABELS unit model TIMEOUT 60)
