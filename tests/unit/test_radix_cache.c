@@ -266,9 +266,9 @@ static void test_events_snapshot(void) {
     radix_cache_events_free(&ev);
     CHECK(ev.stored == NULL && ev.n_stored == 0);
 
-    /* Insert B (two new blocks), evict B3 and re-... then evict A3: the batch
-     * holds B2, B3 stored minus B3 evicted in the same window -> stored B2;
-     * removed A3 (published before). */
+    /* Insert B (B2, B3 new), evict B3, then A3: B3 was stored and removed
+     * inside this window, so the batch holds stored {B2} and removed {A3}
+     * (A3 was published in batch 1). */
     CHECK_OK(radix_cache_match(c, b, 4, got, &m));
     ib[0] = got[0], ib[1] = got[1], ib[2] = fp_alloc(&pool), ib[3] = fp_alloc(&pool);
     CHECK_OK(radix_cache_insert(c, b, ib, 4, NULL));
