@@ -13,7 +13,10 @@
  * sequence, one KV head, a run of that KV head's query heads), so every
  * K/V row read serves all the tile's tokens and the GQA group's heads.
  * Tiles are handed out last first: under the causal mask later tokens do
- * the most work. */
+ * the most work. When there are too few (tile, head) units to feed every
+ * thread (a decode step of a few long sequences), each unit's keys are also
+ * split into ranges whose partial (acc, m, l) are merged afterwards
+ * (split-K, as in flash-decoding). */
 #include <math.h>
 
 #include "kernels/cpu/backend_cpu.h"
@@ -21,6 +24,7 @@
 #define ATTN_CHUNK 64          /* keys scored at once, per row */
 #define ATTN_TILE 16           /* query tokens of one sequence per task */
 #define ATTN_MAX_GROUP_ROWS 64 /* query heads per KV head handled */
+#define ATTN_SPLIT_MIN_KEYS 256 /* shortest key range worth a split-K task */
 
 /* Validates geometry, layer and batch metadata so that every block-table
  * lookup below is in range. Nothing is written before this passes. */
@@ -106,6 +110,12 @@ typedef struct {
     int32_t n_tiles;
     int32_t n_heads, group, heads_per_task, subs_per_kvh;
     float scale;
+    /* Split-K (few units, long contexts): each unit's keys are cut into
+     * n_splits ranges of split_keys keys; split tasks leave unnormalized
+     * (acc, m, l) in `partial` and attn_merge_task combines them. */
+    int32_t n_splits, split_keys;
+    float *partial;        /* [units, n_splits, rows_max, head_dim + 2] */
+    size_t partial_stride; /* floats per (unit, split) */
 } attn_args_t;
 
 /* Scores of 4 query rows against one key: out[r] = q_r . k (4-wide
@@ -142,17 +152,26 @@ static void attn_task(void *argp, int64_t task, int worker) {
     const backend_kv_geom_t *g = a->g;
     const backend_attn_batch_t *b = a->b;
     const int32_t hd = g->head_dim, bs = g->block_size, hn = a->heads_per_task;
+    const int64_t unit = task / a->n_splits;
+    const int32_t split = (int32_t)(task % a->n_splits);
     const int64_t per_tile = (int64_t)g->n_kv_heads * a->subs_per_kvh;
-    const int32_t tile = a->n_tiles - 1 - (int32_t)(task / per_tile); /* last (heaviest) first */
-    const int32_t kvh = (int32_t)(task % per_tile) / a->subs_per_kvh;
-    const int32_t h0 = kvh * a->group + (int32_t)(task % per_tile) % a->subs_per_kvh * hn;
+    const int32_t tile = a->n_tiles - 1 - (int32_t)(unit / per_tile); /* last (heaviest) first */
+    const int32_t kvh = (int32_t)(unit % per_tile) / a->subs_per_kvh;
+    const int32_t h0 = kvh * a->group + (int32_t)(unit % per_tile) % a->subs_per_kvh * hn;
     const int32_t t0 = a->tiles[2 * tile], nq = a->tiles[2 * tile + 1];
     const int32_t rows = nq * hn;
 
-    float *acc = a->scratch + (size_t)worker * a->scratch_floats; /* [rows, hd] */
-    float *sc = acc + (size_t)rows * hd;                           /* [rows, ATTN_CHUNK] */
-    float *m = sc + (size_t)rows * ATTN_CHUNK;                     /* [rows] */
-    float *l = m + rows;                                           /* [rows] */
+    float *ws = a->scratch + (size_t)worker * a->scratch_floats;
+    float *acc, *sc, *m, *l;
+    if (a->n_splits > 1) {
+        acc = a->partial + (size_t)task * a->partial_stride; /* [rows, hd] */
+        sc = ws;                                             /* [rows, ATTN_CHUNK] */
+    } else {
+        acc = ws;                   /* [rows, hd] */
+        sc = acc + (size_t)rows * hd; /* [rows, ATTN_CHUNK] */
+    }
+    m = (a->n_splits > 1 ? acc + (size_t)rows * hd : sc + (size_t)rows * ATTN_CHUNK); /* [rows] */
+    l = m + rows;                                                                     /* [rows] */
     const float *qr[ATTN_TILE * ATTN_MAX_GROUP_ROWS];
     int32_t nkv[ATTN_TILE * ATTN_MAX_GROUP_ROWS]; /* keys visible to each row */
     int32_t n_kv = 0;                             /* keys any row sees */
@@ -174,10 +193,14 @@ static void attn_task(void *argp, int64_t task, int worker) {
     const int64_t block_elems = (int64_t)bs * row;
     const int32_t *bt = b->block_tables + (int64_t)b->tok_seq[t0] * b->max_blocks;
 
-    for (int32_t j0 = 0; j0 < n_kv; j0 += bs) {
+    /* this task's keys: [key_lo, key_hi), key_lo a multiple of block_size */
+    const int32_t key_lo = a->n_splits > 1 ? split * a->split_keys : 0;
+    const int32_t key_hi =
+        a->n_splits > 1 && (int64_t)key_lo + a->split_keys < n_kv ? key_lo + a->split_keys : n_kv;
+    for (int32_t j0 = key_lo; j0 < key_hi; j0 += bs) {
         const int64_t blk_off = (int64_t)bt[j0 / bs] * block_elems + (int64_t)kvh * hd;
         const float *kb = a->k_layer + blk_off, *vb = a->v_layer + blk_off;
-        const int32_t blen = n_kv - j0 < bs ? n_kv - j0 : bs;
+        const int32_t blen = key_hi - j0 < bs ? key_hi - j0 : bs;
         for (int32_t c0 = 0; c0 < blen; c0 += ATTN_CHUNK) {
             const int32_t cn = blen - c0 < ATTN_CHUNK ? blen - c0 : ATTN_CHUNK;
             const int32_t jc = j0 + c0; /* absolute position of the chunk's first key */
@@ -224,11 +247,51 @@ static void attn_task(void *argp, int64_t task, int worker) {
             }
         }
     }
+    if (a->n_splits > 1)
+        return; /* attn_merge_task normalizes */
     for (int32_t r = 0; r < rows; r++) {
         const float inv = 1.0f / l[r]; /* l >= 1: the max term contributes exp(0) */
         float *o = a->out + (qr[r] - a->q);
         for (int32_t i = 0; i < hd; i++)
             o[i] = acc[(int64_t)r * hd + i] * inv;
+    }
+}
+
+/* Combines one unit's split partials: with M = max_s m_s, out = sum_s
+ * exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s. A split none of whose keys a
+ * row sees has m_s = -inf and weight 0. */
+static void attn_merge_task(void *argp, int64_t unit, int worker) {
+    const attn_args_t *a = argp;
+    const int32_t hd = a->g->head_dim, hn = a->heads_per_task;
+    const int64_t per_tile = (int64_t)a->g->n_kv_heads * a->subs_per_kvh;
+    const int32_t tile = a->n_tiles - 1 - (int32_t)(unit / per_tile);
+    const int32_t kvh = (int32_t)(unit % per_tile) / a->subs_per_kvh;
+    const int32_t h0 = kvh * a->group + (int32_t)(unit % per_tile) % a->subs_per_kvh * hn;
+    const int32_t t0 = a->tiles[2 * tile], nq = a->tiles[2 * tile + 1];
+    const int32_t rows = nq * hn;
+    const float *base = a->partial + (size_t)unit * a->n_splits * a->partial_stride;
+    for (int32_t r = 0; r < rows; r++) {
+        float mx = -INFINITY;
+        for (int32_t s = 0; s < a->n_splits; s++) {
+            const float ms = base[(size_t)s * a->partial_stride + (size_t)rows * hd + r];
+            mx = ms > mx ? ms : mx;
+        }
+        const int32_t i = r / hn, h = r % hn;
+        float *o = a->out + ((int64_t)(t0 + i) * a->n_heads + h0 + h) * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        float den = 0.0f;
+        for (int32_t s = 0; s < a->n_splits; s++) {
+            const float *p = base + (size_t)s * a->partial_stride;
+            const float ms = p[(size_t)rows * hd + r], ls = p[(size_t)rows * hd + rows + r];
+            if (ms == -INFINITY)
+                continue;
+            const float w = expf(ms - mx);
+            den += w * ls;
+            cpu_vec_axpy(o, w, p + (size_t)r * hd, hd);
+        }
+        const float inv = 1.0f / den; /* the split holding the max has w = 1, l >= 1 */
+        for (int32_t d = 0; d < hd; d++)
+            o[d] *= inv;
     }
 }
 
@@ -290,6 +353,32 @@ baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const vo
     st = cpu_scratch_reserve(c, rows * g->head_dim + rows * ATTN_CHUNK + 2 * rows);
     if (st != BATON_OK)
         return st;
+    /* Split-K when the units cannot keep the threads busy and the context
+     * is long enough for each split to have ATTN_SPLIT_MIN_KEYS keys. */
+    const int64_t units = (int64_t)nt * g->n_kv_heads * subs;
+    int32_t n_splits = 1, split_keys = 0;
+    size_t partial_stride = 0;
+    if (c->n_threads > 1 && units < 2 * (int64_t)c->n_threads) {
+        int32_t max_ctx = 0;
+        for (int32_t t = 0; t < b->n_tokens; t++)
+            max_ctx = b->tok_pos[t] + 1 > max_ctx ? b->tok_pos[t] + 1 : max_ctx;
+        const int64_t ctx_blocks = (max_ctx + g->block_size - 1) / g->block_size;
+        int64_t want = (2 * (int64_t)c->n_threads + units - 1) / units;
+        int64_t cap = (max_ctx + ATTN_SPLIT_MIN_KEYS - 1) / ATTN_SPLIT_MIN_KEYS;
+        if (want > cap)
+            want = cap;
+        if (want > ctx_blocks)
+            want = ctx_blocks;
+        if (want > 1) {
+            const int64_t split_blocks = (ctx_blocks + want - 1) / want;
+            n_splits = (int32_t)((ctx_blocks + split_blocks - 1) / split_blocks);
+            split_keys = (int32_t)(split_blocks * g->block_size);
+            partial_stride = rows * g->head_dim + 2 * rows;
+            st = cpu_partial_reserve(c, (size_t)units * n_splits * partial_stride);
+            if (st != BATON_OK)
+                return st;
+        }
+    }
     const size_t layer_elems = (size_t)g->n_blocks * g->block_size * g->n_kv_heads * g->head_dim;
     attn_args_t a = {
         .g = g,
@@ -307,7 +396,13 @@ baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const vo
         .heads_per_task = hn,
         .subs_per_kvh = subs,
         .scale = 1.0f / sqrtf((float)g->head_dim),
+        .n_splits = n_splits,
+        .split_keys = split_keys,
+        .partial = c->partial,
+        .partial_stride = partial_stride,
     };
-    cpu_pool_run(c->pool, (int64_t)nt * g->n_kv_heads * subs, attn_task, &a);
+    cpu_pool_run(c->pool, units * n_splits, attn_task, &a);
+    if (n_splits > 1)
+        cpu_pool_run(c->pool, units, attn_merge_task, &a);
     return BATON_OK;
 }

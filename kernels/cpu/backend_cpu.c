@@ -44,12 +44,26 @@ baton_status_t cpu_tiles_reserve(cpu_ctx_t *c, size_t n) {
     return BATON_OK;
 }
 
+baton_status_t cpu_partial_reserve(cpu_ctx_t *c, size_t floats) {
+    if (floats <= c->partial_cap)
+        return BATON_OK;
+    size_t cap = c->partial_cap * 2 > floats ? c->partial_cap * 2 : floats;
+    float *p = cpu_aligned_alloc(cap * sizeof(float));
+    if (!p)
+        return baton_error(BATON_ERR_NO_MEMORY, "cpu: cannot allocate %zu floats of split-K partials", cap);
+    free(c->partial);
+    c->partial = p;
+    c->partial_cap = cap;
+    return BATON_OK;
+}
+
 static void cpu_destroy(backend_t *be) {
     cpu_ctx_t *c = cpu_ctx(be);
     if (c) {
         cpu_pool_free(c->pool);
         free(c->scratch);
         free(c->tiles);
+        free(c->partial);
         free(c);
     }
     free(be);

@@ -30,6 +30,9 @@ typedef struct cpu_ctx {
     /* Attention tile list (int32 pairs), grown like scratch. */
     int32_t *tiles;
     size_t tiles_cap;
+    /* Split-K partial results of attention, grown like scratch. */
+    float *partial;
+    size_t partial_cap;
 } cpu_ctx_t;
 
 static inline cpu_ctx_t *cpu_ctx(backend_t *be) { return (cpu_ctx_t *)be->ctx; }
@@ -40,6 +43,9 @@ baton_status_t cpu_scratch_reserve(cpu_ctx_t *c, size_t floats);
 
 /* Ensures c->tiles holds at least `n` int32 (calling thread only). */
 baton_status_t cpu_tiles_reserve(cpu_ctx_t *c, size_t n);
+
+/* Ensures c->partial holds at least `floats` floats (calling thread only). */
+baton_status_t cpu_partial_reserve(cpu_ctx_t *c, size_t floats);
 
 /* --- ops (ops_cpu.c) --- */
 baton_status_t cpu_matmul(backend_t *be, const backend_weight_t *w, const backend_weight_t *bias,

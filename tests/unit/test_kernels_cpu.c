@@ -405,6 +405,17 @@ static void test_attention(backend_t *be) {
     for (size_t gi = 0; gi < sizeof(geoms) / sizeof(geoms[0]); gi++)
         for (size_t si = 0; si < sizeof(all) / sizeof(all[0]); si++)
             run_attention(be, all[si], geoms[gi][0], geoms[gi][1], geoms[gi][2], geoms[gi][3]);
+    /* few (token, head) units over long contexts: with several threads the
+     * keys are split into ranges and merged (split-K); a second sequence
+     * with one key leaves later ranges empty for its rows */
+    scenario_t long_decode = {1, {1000}, {1}};
+    scenario_t long_short = {2, {999, 0}, {1, 1}};
+    scenario_t long_chunk = {1, {700}, {20}};
+    run_attention(be, &long_decode, 16, 1, 1, 64);
+    run_attention(be, &long_decode, 16, 2, 3, 64);
+    run_attention(be, &long_short, 16, 1, 1, 64);
+    run_attention(be, &long_short, 5, 1, 4, 24);
+    run_attention(be, &long_chunk, 16, 1, 2, 32);
     /* a prompt long enough to exercise several score chunks per block */
     scenario_t longp = {2, {130, 0}, {70, 90}};
     run_attention(be, &longp, 128, 2, 3, 64);
