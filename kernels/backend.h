@@ -165,7 +165,11 @@ static inline size_t backend_kv_block_bytes(const backend_kv_geom_t *g) {
 }
 
 /* Creates the CPU backend (fp32 weights and KV, OpenBLAS GEMM, `n_threads`
- * worker threads; 0 = number of online CPUs). Free with backend_free. */
+ * worker threads; 0 = number of online CPUs). Free with backend_free.
+ * Ops run synchronously and in parallel inside (a persistent pthread pool;
+ * OpenBLAS gets the same thread count, process-wide, and never runs at the
+ * same time as the pool). One thread at a time may call the ops of one CPU
+ * backend (they share its scratch); use one backend per calling thread. */
 baton_status_t backend_cpu_create(int n_threads, backend_t **out);
 
 /* Creates the CUDA backend on `device` (bf16 weights and KV). Returns

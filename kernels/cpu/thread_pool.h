@@ -35,7 +35,9 @@ void cpu_pool_free(cpu_pool_t *pool);
 int cpu_pool_n_threads(const cpu_pool_t *pool);
 
 /* Runs fn(arg, i, worker) for every i in 0..n_tasks-1 and returns when all
- * are done. n_tasks <= 1 or a 1-thread pool runs inline on the caller. */
+ * are done. n_tasks <= 1 or a 1-thread pool runs inline on the caller. Must
+ * not be called from inside a task of the same pool (it would wait on
+ * itself). */
 void cpu_pool_run(cpu_pool_t *pool, int64_t n_tasks, cpu_pool_task_fn fn, void *arg);
 
 #endif

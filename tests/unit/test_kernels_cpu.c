@@ -10,7 +10,10 @@
 #include <string.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/thread_pool.h"
 #include "tests/test_util.h"
+
+#include <stdatomic.h>
 
 #define TOL 1e-5
 
@@ -421,6 +424,54 @@ static void test_attention(backend_t *be) {
     run_attention(be, &longp, 128, 2, 3, 64);
 }
 
+/* ---------------- thread pool ---------------- */
+
+typedef struct {
+    _Atomic int32_t *hits; /* [n_tasks] */
+    _Atomic int32_t bad_worker;
+    int n_threads;
+} pool_probe_t;
+
+static void pool_probe_task(void *argp, int64_t task, int worker) {
+    pool_probe_t *p = argp;
+    atomic_fetch_add(&p->hits[task], 1);
+    if (worker < 0 || worker >= p->n_threads)
+        atomic_fetch_add(&p->bad_worker, 1);
+}
+
+/* Every task of every run runs exactly once, on a valid worker id, across
+ * many back-to-back runs (a lost wake-up would hang or drop tasks). */
+static void test_pool(void) {
+    const int threads[] = {1, 2, 5};
+    for (int ti = 0; ti < 3; ti++) {
+        cpu_pool_t *pool = NULL;
+        CHECK_OK(cpu_pool_init(threads[ti], &pool));
+        if (!pool)
+            continue;
+        CHECK_EQ_INT(cpu_pool_n_threads(pool), threads[ti]);
+        _Atomic int32_t hits[300];
+        pool_probe_t p = {.hits = hits, .n_threads = threads[ti]};
+        atomic_init(&p.bad_worker, 0);
+        for (int run = 0; run < 500; run++) {
+            int n = run % 300;
+            for (int i = 0; i < n; i++)
+                atomic_init(&hits[i], 0);
+            cpu_pool_run(pool, n, pool_probe_task, &p);
+            int wrong = 0;
+            for (int i = 0; i < n; i++)
+                wrong += atomic_load(&hits[i]) != 1;
+            CHECK_MSG(wrong == 0, "pool %d threads run %d: %d tasks not run exactly once", threads[ti],
+                      run, wrong);
+        }
+        CHECK_EQ_INT(atomic_load(&p.bad_worker), 0);
+        cpu_pool_free(pool);
+    }
+    cpu_pool_t *pool = NULL;
+    CHECK_EQ_INT(cpu_pool_init(0, &pool), BATON_ERR_INVALID_ARG);
+    CHECK(pool == NULL);
+    cpu_pool_free(NULL);
+}
+
 static void test_create(void) {
     backend_t *be = NULL;
     CHECK_EQ_INT(backend_create("nope", 1, &be), BATON_ERR_INVALID_ARG);
@@ -449,6 +500,7 @@ static void test_create(void) {
 }
 
 int main(void) {
+    test_pool();
     test_create();
     const int threads[] = {1, 4};
     for (int ti = 0; ti < 2; ti++) {
