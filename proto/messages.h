@@ -371,13 +371,15 @@ baton_status_t proto_encode_kv_resync(const proto_kv_resync_t *m, msgpack_sbuffe
  *   BATON_ERR_INVALID_ARG  NULL argument or limits->vocab_size == 0;
  *   BATON_ERR_FORMAT       not one msgpack map, trailing bytes, truncated,
  *                          nesting deeper than 8, missing key, wrong type,
- *                          a fixed-size bin of another size, bad worker id,
- *                          non-string map key;
+ *                          a fixed-size bin of another size, a worker id
+ *                          byte outside [A-Za-z0-9._:-], a NUL in a
+ *                          string, non-string map key;
  *   BATON_ERR_UNSUPPORTED  well-formed but unknown "type";
  *   BATON_ERR_VERSION      "v" > PROTO_VERSION;
  *   BATON_ERR_OUT_OF_RANGE a value outside its range (incl. token id >=
- *                          vocab_size), a list or string longer than its
- *                          limit, a message longer than max_msg_bytes, or
+ *                          vocab_size), an unknown enum string, a list or
+ *                          string (worker id: 1..63 bytes) outside its
+ *                          length bounds, a message longer than max_msg_bytes, or
  *                          inconsistent counts (free_blocks > total_blocks);
  *   BATON_ERR_NO_MEMORY.
  * Unknown keys are ignored. A key present twice: the last one wins.

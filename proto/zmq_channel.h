@@ -10,7 +10,10 @@
  *   (ZMQ_RECONNECT_IVL / _MAX) and detects dead peers with ZMTP heartbeats.
  * - PUB (worker, bind) / SUB (router, connect to every worker's PUB): KV
  *   events. Each message is two frames: topic = worker id, then the payload.
- *   SUB subscribes to every topic.
+ *   SUB subscribes to every topic. At the high-water mark a PUB drops
+ *   messages for that subscriber (ZeroMQ semantics; the send still
+ *   succeeds); KV events carry a per-worker seq so the subscriber sees the
+ *   gap and asks for a KVResync.
  * Frames on the wire: ROUTER<->DEALER one payload frame (the ROUTER socket
  * adds/strips the identity frame); PUB->SUB [topic][payload]. The payload is
  * one msgpack message (proto/messages.h).
@@ -97,8 +100,8 @@ bool proto_chan_readable(proto_chan_t *chan);
 
 /* Encodes `msg` and sends it without blocking. `peer` is the destination
  * worker id on a ROUTER channel and ignored otherwise.
- * Errors: BATON_ERR_BUSY (high-water mark reached or, for a DEALER, no
- * connection yet: retry later), BATON_ERR_NOT_FOUND (ROUTER: no such peer
+ * Errors: BATON_ERR_BUSY (send high-water mark reached: the peer is slow or
+ * unreachable; retry later), BATON_ERR_NOT_FOUND (ROUTER: no such peer
  * connected), BATON_ERR_INVALID_ARG (SUB cannot send, missing peer, encode
  * refused), BATON_ERR_IO (other ZeroMQ error). Nothing is sent on error. */
 baton_status_t proto_chan_send(proto_chan_t *chan, const char *peer, const proto_msg_t *msg);

@@ -276,7 +276,7 @@ static void fill_msg(proto_msg_type_t type, proto_msg_t *m) {
 
 #define EQ(f) if (a->f != b->f) { fprintf(stderr, "  field %s differs\n", #f); return false; }
 #define EQS(f) if (strcmp(a->f, b->f)) { fprintf(stderr, "  field %s differs\n", #f); return false; }
-#define EQM(f, n) if ((n) && memcmp(a->f, b->f, (n))) { fprintf(stderr, "  field %s differs\n", #f); return false; }
+#define EQM(f, n) if ((n) != 0 && memcmp(a->f, b->f, (n))) { fprintf(stderr, "  field %s differs\n", #f); return false; }
 #define EQA(f, n) EQ(n) EQM(f, (size_t)a->n * sizeof(*a->f))
 
 static bool eq_pool(const proto_pool_desc_t *a, const proto_pool_desc_t *b) {
@@ -593,8 +593,9 @@ static bool optional_key(const char *parent, const char *key) {
 
 /* Walks every key path of the encoded message and checks removal and a
  * wrong-typed value. Returns the number of paths visited. */
-static int walk_paths(const msgpack_sbuffer *base, proto_msg_type_t type, const msgpack_object *o,
+static int walk_paths(const msgpack_sbuffer *base, const proto_msg_t *in, const msgpack_object *o,
                       mutation_t *m, int level) {
+    proto_msg_type_t type = in->type;
     int n = 0;
     if (o->type != MSGPACK_OBJECT_MAP || level >= 4) return 0;
     for (uint32_t i = 0; i < o->via.map.size; i++) {
@@ -626,15 +627,28 @@ static int walk_paths(const msgpack_sbuffer *base, proto_msg_type_t type, const 
                   proto_msg_type_name(type), parent, key, st, baton_last_error());
 
         if (v->type == MSGPACK_OBJECT_MAP) {
-            n += walk_paths(base, type, v, m, level + 1);
+            n += walk_paths(base, in, v, m, level + 1);
             m->depth = level + 1;
         } else if (v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size > 0 &&
                    v->via.array.ptr[0].type == MSGPACK_OBJECT_MAP && level + 1 < 4) {
             m->path[level + 1] = "0";
-            n += walk_paths(base, type, &v->via.array.ptr[0], m, level + 2);
+            n += walk_paths(base, in, &v->via.array.ptr[0], m, level + 2);
             m->depth = level + 1;
         }
-        /* An unknown key inside this map is ignored. */
+        /* An unknown key added to the map holding this key is ignored. */
+        if (i == 0) {
+            m->depth = level + 1;
+            m->kind = MUT_ADD_UNKNOWN;
+            proto_msg_t out;
+            st = decode_mutated(base, m, &lim, &out);
+            CHECK_MSG(st == BATON_OK, "%s: unknown key next to %s/%s gave %d (%s)",
+                      proto_msg_type_name(type), parent, key, st, baton_last_error());
+            if (st == BATON_OK) {
+                CHECK_MSG(eq_msg(in, &out), "%s: unknown key next to %s changed the message",
+                          proto_msg_type_name(type), key);
+                proto_msg_free(&out);
+            }
+        }
         free((void *)m->path[level]);
         m->path[level] = NULL;
     }
@@ -655,7 +669,7 @@ static void test_every_field(void) {
         size_t off = 0;
         CHECK(msgpack_unpack_next(&up, base.data, base.size, &off) == MSGPACK_UNPACK_SUCCESS);
         mutation_t m = {{0}, 0, MUT_REMOVE, NULL};
-        n_paths += walk_paths(&base, (proto_msg_type_t)t, &up.data, &m, 0);
+        n_paths += walk_paths(&base, &in, &up.data, &m, 0);
 
         /* Unknown keys at the top and in a nested map are ignored. */
         mutation_t add = {{"type"}, 1, MUT_ADD_UNKNOWN, NULL};
@@ -762,6 +776,19 @@ MK(mk_hash_short, v_bins(2, 8))
 MK(mk_hashes_long, v_bins(33, 16))
 MK(mk_float_int, v_uint(1))         /* ints are valid floats */
 MK(mk_lp_long, v_uints(1000, 0))
+static msgpack_sbuffer *mk_tokens_str(void) {
+    v_begin();
+    msgpack_pack_array(&vpk, 2);
+    msgpack_pack_uint32(&vpk, 1);
+    msgpack_pack_str_with_body(&vpk, "2", 1);
+    return &vbuf;
+}
+static msgpack_sbuffer *mk_lp_str(void) {
+    v_begin();
+    msgpack_pack_array(&vpk, 1);
+    msgpack_pack_str_with_body(&vpk, "-1", 2);
+    return &vbuf;
+}
 
 static const range_case_t range_cases[] = {
     {PROTO_MSG_WORKER_REGISTER, {"epoch"}, mk_zero, BATON_ERR_OUT_OF_RANGE},
@@ -796,6 +823,8 @@ static const range_case_t range_cases[] = {
     {PROTO_MSG_PREFILL_REQUEST, {"token_ids"}, mk_tokens_vocab, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_PREFILL_REQUEST, {"token_ids"}, mk_tokens_empty, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_PREFILL_REQUEST, {"token_ids"}, mk_tokens_long, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"token_ids"}, mk_tokens_str, BATON_ERR_FORMAT},
+    {PROTO_MSG_KV_DESTINATION, {"block_ids"}, mk_tokens_str, BATON_ERR_FORMAT},
     {PROTO_MSG_PREFILL_REQUEST, {"decode_worker_id"}, mk_wid_space, BATON_ERR_FORMAT},
     {PROTO_MSG_PREFILL_REQUEST, {"tenant"}, mk_str_long, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_PREFILL_REQUEST, {"sampling", "temperature"}, mk_temp_neg, BATON_ERR_OUT_OF_RANGE},
@@ -840,6 +869,7 @@ static const range_case_t range_cases[] = {
     {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "token_ids"}, mk_tokens_vocab, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "token_ids"}, mk_tokens_long, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "logprobs"}, mk_lp_long, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "logprobs"}, mk_lp_str, BATON_ERR_FORMAT},
     {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "finish_reason"}, mk_finish_bad, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "top_k"}, mk_21, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_TOKEN_CHUNK, {"entries", "0", "request_id"}, mk_bin31, BATON_ERR_FORMAT},
