@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include "common/tokenizer.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,9 +115,7 @@ struct tokenizer {
 static uint16_t g_byte_to_cp[256];
 static int16_t g_cp_to_byte[512];
 
-static void byte_tables_init(void) {
-    static bool done = false; /* idempotent: same values each time */
-    if (done) return;
+static void byte_tables_fill(void) {
     int n = 0;
     for (int i = 0; i < 512; i++) g_cp_to_byte[i] = -1;
     for (int b = 0; b < 256; b++) {
@@ -124,7 +123,11 @@ static void byte_tables_init(void) {
         g_byte_to_cp[b] = printable ? (uint16_t)b : (uint16_t)(256 + n++);
         g_cp_to_byte[g_byte_to_cp[b]] = (int16_t)b;
     }
-    done = true;
+}
+
+static void byte_tables_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, byte_tables_fill);
 }
 
 /* ---------------------------------------------------------------- utf-8 */
@@ -881,15 +884,13 @@ static baton_status_t bpe_word(const tokenizer_t *t, work_t *w, const char *p, s
             if ((s = idvec_push(out, id))) return s;
             continue;
         }
-        /* not in the vocabulary: one token per byte-level character */
-        const unsigned char *q = (const unsigned char *)w->word.data + y->off;
-        for (uint32_t k = 0; k < y->n;) {
-            size_t l = utf8_seq_len(q + k, y->n - k);
-            if (!l) l = 1;
-            int32_t bid = strmap_get(&t->vocab, (const char *)q + k, l);
-            if (bid < 0) bid = t->unk;
+        /* not in the vocabulary: llama.cpp looks up each byte of the
+         * encoded symbol as a one-byte token and drops what it cannot find
+         * (e.g. SmolLM2 has no token for the byte 0x04) */
+        const char *q = w->word.data + y->off;
+        for (uint32_t k = 0; k < y->n; k++) {
+            int32_t bid = strmap_get(&t->vocab, q + k, 1);
             if (bid >= 0 && (s = idvec_push(out, bid))) return s;
-            k += (uint32_t)l;
         }
     }
     return BATON_OK;

@@ -47,6 +47,7 @@ BASE = [
     "\u3000ideographic space", "tab\u000bvt\u000cff", "\u0085nel",
     "\ufffd", "\ufffd\ufffd", "\uffff", "\U0010ffff", "\U0001d400\U0001d401", "%ff%fe", "\\xff\\xfe",
     "\\u00e9", "&amp; &lt;tag&gt;", "a\x00b", "\x01\x02\x1f", "\x7f",
+    "\x04", "a\x04b", "\x06\x13\x14\x16\x1d", "x\x04\u0104y",
     "<|im_end|>", "<|im_start|>", "<|im_end|>\n<|im_start|>system", "<|endoftext|>",
     "Hello<|im_end|>", "<|im_start|>user\nhi<|im_end|>", "<|im_end|>Hello", "<|im_end|> Hello",
     "<|im_end|>\nHello", "< |im_end| >", "<|im_end", "im_end|>", "<repo_name>x<file_sep>y",

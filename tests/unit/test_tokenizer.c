@@ -13,7 +13,23 @@
 #include "tests/test_util.h"
 #include "tests/unit/test_tokenizer_util.h"
 
+/* g_has_byte[b]: the vocabulary has a token for the single byte b */
+static bool g_has_byte[256];
+
+static void find_byte_tokens(const tokenizer_t *tok) {
+    for (int32_t id = 0; id < tokenizer_n_vocab(tok); id++) {
+        char buf[8];
+        size_t n = 0;
+        if (tokenizer_token_to_piece(tok, id, 0, buf, sizeof(buf), &n) == BATON_OK && n == 1)
+            g_has_byte[(unsigned char)buf[0]] = true;
+    }
+}
+
 static void test_golden(const tokenizer_t *tok) {
+    find_byte_tokens(tok);
+    /* SmolLM2 lacks byte tokens for 0x04 0x06 0x13 0x14 0x16 0x1d (llama.cpp
+     * cannot encode them either) */
+    CHECK(!g_has_byte[0x04] && g_has_byte['a'] && g_has_byte[0xE6]);
     char *data = tt_read_source_file("tests/data/tokenizer_smollm2.txt");
     CHECK(data != NULL);
     if (!data) return;
@@ -62,8 +78,13 @@ static void test_golden(const tokenizer_t *tok) {
                 char *dec = NULL;
                 size_t dl = 0;
                 if (s == BATON_OK) {
+                    /* bytes without a byte-level token are dropped (as by
+                     * llama.cpp); everything else comes back */
+                    size_t kl = 0;
+                    for (size_t i = 0; i < text_len; i++)
+                        if (g_has_byte[(unsigned char)text[i]]) text[kl++] = text[i];
                     CHECK_OK(tokenizer_decode(tok, got, n_got, dflags, &dec, &dl));
-                    CHECK_MSG(dec && dl == text_len && memcmp(dec, text, dl) == 0,
+                    CHECK_MSG(dec && dl == kl && memcmp(dec, text, dl) == 0,
                               "case %zu: decode(encode(s)) != s", n_cases);
                     char label[64];
                     snprintf(label, sizeof(label), "case %zu", n_cases);
