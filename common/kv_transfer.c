@@ -150,7 +150,7 @@ baton_status_t kv_transfer_engine_init(const kv_transfer_engine_config_t *config
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_EVENTS,
         .thread_mode = UCS_THREAD_MODE_SINGLE,
-        .events = UCP_WAKEUP_RMA | UCP_WAKEUP_TX | UCP_WAKEUP_RX | UCP_WAKEUP_EDGE,
+        .events = UCP_WAKEUP_RMA | UCP_WAKEUP_TX | UCP_WAKEUP_RX,
     };
     us = ucp_worker_create(eng->context, &wp, &eng->worker);
     if (us != UCS_OK) {

@@ -23,3 +23,7 @@ endforeach()
 # Benchmark program driven by scripts/bench-kv-transfer (not a test).
 add_executable(bench_kv_transfer integration/bench_kv_transfer.c)
 target_link_libraries(bench_kv_transfer PRIVATE kv_transfer_harness)
+
+# Descriptor framing under libFuzzer (clang only).
+baton_add_fuzz_test(NAME fuzz_kv_transfer_descriptor SOURCES fuzz/fuzz_kv_transfer_descriptor.c
+  LIBS baton_transfer SECONDS 10)
