@@ -67,7 +67,7 @@ bool dequant_supported(uint32_t type) {
 }
 
 int64_t dequant_row_bytes(uint32_t type, int64_t n) {
-    int64_t be, bb;
+    int64_t be = 1, bb = 1;
     if (!ggml_type_geometry(type, &be, &bb) || n < 0 || n % be != 0) {
         return -1;
     }
@@ -256,7 +256,7 @@ baton_status_t dequant_row(uint32_t type, const void *src, float *dst, int64_t n
         return baton_error(BATON_ERR_UNSUPPORTED, "dequant: tensor type %s (%u) is not supported",
                            ggml_type_name(type), type);
     }
-    int64_t be, bb;
+    int64_t be = 1, bb = 1;
     ggml_type_geometry(type, &be, &bb);
     if (n < 0 || n % be != 0) {
         return baton_error(BATON_ERR_INVALID_ARG,

@@ -303,7 +303,7 @@ static baton_status_t parse_tensor_info(cursor_t *c, gguf_tensor_t *t) {
     }
     if ((st = cur_u32(c, &t->type, "tensor type")) != BATON_OK) return st;
     if ((st = cur_u64(c, &t->offset, "tensor offset")) != BATON_OK) return st;
-    int64_t be, bb;
+    int64_t be = 1, bb = 1;
     if (!ggml_type_geometry(t->type, &be, &bb)) {
         return baton_error(BATON_ERR_UNSUPPORTED, "gguf: tensor '%.*s': unknown tensor type %u",
                            NAMEF(t), t->type);
@@ -623,7 +623,7 @@ static bool kv_int(const gguf_kv_t *kv, uint64_t *mag, bool *neg) {
 }
 
 baton_status_t gguf_get_u64(const gguf_file_t *file, const char *key, uint64_t *out) {
-    const gguf_kv_t *kv;
+    const gguf_kv_t *kv = NULL;
     baton_status_t st = find_typed(file, key, &kv);
     if (st != BATON_OK) return st;
     uint64_t mag;
@@ -650,7 +650,7 @@ baton_status_t gguf_get_u32(const gguf_file_t *file, const char *key, uint32_t *
 }
 
 baton_status_t gguf_get_i64(const gguf_file_t *file, const char *key, int64_t *out) {
-    const gguf_kv_t *kv;
+    const gguf_kv_t *kv = NULL;
     baton_status_t st = find_typed(file, key, &kv);
     if (st != BATON_OK) return st;
     if (type_is_signed(kv->type)) {
@@ -667,7 +667,7 @@ baton_status_t gguf_get_i64(const gguf_file_t *file, const char *key, int64_t *o
 }
 
 baton_status_t gguf_get_f32(const gguf_file_t *file, const char *key, float *out) {
-    const gguf_kv_t *kv;
+    const gguf_kv_t *kv = NULL;
     baton_status_t st = find_typed(file, key, &kv);
     if (st != BATON_OK) return st;
     if (kv->type != GGUF_VALUE_FLOAT32 && kv->type != GGUF_VALUE_FLOAT64) {
@@ -678,7 +678,7 @@ baton_status_t gguf_get_f32(const gguf_file_t *file, const char *key, float *out
 }
 
 baton_status_t gguf_get_bool(const gguf_file_t *file, const char *key, bool *out) {
-    const gguf_kv_t *kv;
+    const gguf_kv_t *kv = NULL;
     baton_status_t st = find_typed(file, key, &kv);
     if (st != BATON_OK) return st;
     if (kv->type != GGUF_VALUE_BOOL) return mismatch(key, kv, "bool");
@@ -687,7 +687,7 @@ baton_status_t gguf_get_bool(const gguf_file_t *file, const char *key, bool *out
 }
 
 baton_status_t gguf_get_str(const gguf_file_t *file, const char *key, gguf_str_t *out) {
-    const gguf_kv_t *kv;
+    const gguf_kv_t *kv = NULL;
     baton_status_t st = find_typed(file, key, &kv);
     if (st != BATON_OK) return st;
     if (kv->type != GGUF_VALUE_STRING) return mismatch(key, kv, "string");
@@ -697,7 +697,7 @@ baton_status_t gguf_get_str(const gguf_file_t *file, const char *key, gguf_str_t
 
 baton_status_t gguf_get_arr(const gguf_file_t *file, const char *key,
                             gguf_value_type_t elem_type, const gguf_kv_t **out) {
-    const gguf_kv_t *kv;
+    const gguf_kv_t *kv = NULL;
     baton_status_t st = find_typed(file, key, &kv);
     if (st != BATON_OK) return st;
     if (kv->type != GGUF_VALUE_ARRAY) {
