@@ -15,7 +15,8 @@ typedef struct type_info {
     int64_t block_bytes;
 } type_info_t;
 
-/* ggml.c type_traits (blck_size, type_size); NULL name = removed/unknown. */
+/* ggml.c type_traits (blck_size, type_size), GGML_TYPE_COUNT = 43; checked
+ * against libggml by tests/data/dequant_ggml_types.txt. NULL name = removed. */
 static const type_info_t k_types[] = {
     [0] = {"f32", 1, 4},         [1] = {"f16", 1, 2},
     [2] = {"q4_0", 32, 18},      [3] = {"q4_1", 32, 20},
@@ -34,6 +35,7 @@ static const type_info_t k_types[] = {
     [30] = {"bf16", 1, 2},       [34] = {"tq1_0", 256, 54},
     [35] = {"tq2_0", 256, 66},   [39] = {"mxfp4", 32, 17},
     [40] = {"nvfp4", 64, 36},    [41] = {"q1_0", 128, 18},
+    [42] = {"q2_0", 64, 18},
 };
 #define N_TYPES (sizeof(k_types) / sizeof(k_types[0]))
 

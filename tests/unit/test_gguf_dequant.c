@@ -140,7 +140,42 @@ static void check_errors(void) {
     CHECK(!dequant_supported(GGML_TYPE_Q8_K));
 }
 
+/* The type table against ggml's own ggml_type_name / ggml_blck_size /
+ * ggml_type_size (tests/golden/gen_dequant_ggml.py). */
+static void check_ggml_types(void) {
+    char path[4096];
+    const char *src = getenv("BATON_SOURCE_DIR");
+    snprintf(path, sizeof(path), "%s/tests/data/dequant_ggml_types.txt", src ? src : ".");
+    FILE *f = fopen(path, "r");
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    if (!f) return;
+    unsigned type;
+    char name[64];
+    long long be, bb;
+    unsigned n = 0;
+    while (fscanf(f, "%u %63s %lld %lld", &type, name, &be, &bb) == 4) {
+        CHECK_EQ_INT(type, n);
+        int64_t e = -1, b = -1;
+        bool known = ggml_type_geometry(type, &e, &b);
+        if (strcmp(name, "-") == 0) {
+            CHECK_MSG(!known, "type %u is removed in ggml", type);
+            CHECK(e == -1 && b == -1);
+        } else {
+            CHECK_MSG(known && e == be && b == bb, "type %u (%s): %lld/%lld vs ggml %lld/%lld",
+                      type, name, (long long)e, (long long)b, be, bb);
+            CHECK_MSG(strcmp(ggml_type_name(type), name) == 0, "type %u: %s vs %s", type,
+                      ggml_type_name(type), name);
+        }
+        n++;
+    }
+    fclose(f);
+    CHECK_EQ_INT(n, 43);
+    int64_t e, b;
+    CHECK(!ggml_type_geometry(n, &e, &b)); /* GGML_TYPE_COUNT */
+}
+
 int main(void) {
+    check_ggml_types();
     check_golden_blocks();
     check_fp16_specials();
     check_errors();
