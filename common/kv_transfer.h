@@ -59,8 +59,10 @@ typedef struct kv_transfer_engine_config {
      * then selects only transports with peer-failure support (TCP, RDMA),
      * never shared memory. 1: no peer error handling, which lets UCX put
      * through shared memory (posix/sysv) into a pool made with
-     * kv_transfer_pool_alloc on the same host; a dead peer is then noticed
-     * only by the transfer deadline (BATON_ERR_TIMEOUT). Both sides of a
+     * kv_transfer_pool_alloc on the same host. A dead peer is then not
+     * reported by UCX: puts into its shared segment may still "succeed", and
+     * only a stalled transfer fails, at its deadline (BATON_ERR_TIMEOUT);
+     * the control plane (heartbeats) must notice the loss. Both sides of a
      * connection should use the same setting. */
     int no_peer_error_handling;
 } kv_transfer_engine_config_t;

@@ -11,7 +11,7 @@ target_link_libraries(kv_transfer_harness PUBLIC baton_transfer)
 
 baton_add_test(NAME test_kv_transfer SOURCES integration/test_kv_transfer.c
   LIBS kv_transfer_harness LABELS integration TIMEOUT 120 ARGS bytes default)
-foreach(variant "bytes;tcp" "bytes-shm;sm,self" "kill;tcp" "kill;default")
+foreach(variant "bytes;tcp" "bytes-shm;sm,self" "kill;tcp" "kill;default" "stall;tcp")
   list(GET variant 0 scenario)
   list(GET variant 1 tls)
   string(REGEX REPLACE "[^a-z]+" "_" tname "test_kv_transfer_${scenario}_${tls}")

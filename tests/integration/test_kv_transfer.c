@@ -7,6 +7,8 @@
  *   test_kv_transfer bytes TLS   transfer + byte check
  *   test_kv_transfer kill TLS    receiver SIGKILLed mid-transfer: failure
  *                                within 5 s, then a fresh receiver works
+ *   test_kv_transfer stall TLS   receiver SIGSTOPped: the transfer deadline
+ *                                (1.5 s) fails it, nothing hangs
  *   test_kv_transfer bytes-shm TLS  as bytes, through shared memory: no
  *                                peer error handling, receiver pool
  *                                allocated by UCX (kv_transfer_pool_alloc)
@@ -206,12 +208,57 @@ static void test_kill(void) {
     kvt_pool_release(&pd);
 }
 
+/* A receiver that stops responding (SIGSTOP: its sockets stay open, so no
+ * transport error comes) must not hang the sender: the transfer's own
+ * deadline fails it with BATON_ERR_TIMEOUT and closes the endpoint. */
+static void test_stall(void) {
+    kv_transfer_pool_desc_t pd;
+    CHECK_OK(kvt_pool_alloc(N_LAYERS, SRC_BLOCKS, BLOCK_BYTES, SRC_SEED, &pd));
+    kv_transfer_engine_t *eng = NULL;
+    kv_transfer_pool_t *src = NULL;
+    CHECK_OK(kv_transfer_engine_init(NULL, &eng));
+    CHECK_OK(kv_transfer_pool_register(eng, &pd, &src));
+    kvt_receiver_t r;
+    CHECK_OK(kvt_receiver_start(N_LAYERS, DST_BLOCKS, BLOCK_BYTES, DST_SEED, &r));
+    kv_transfer_peer_t *peer = NULL;
+    CHECK_OK(kv_transfer_peer_connect(eng, r.desc, r.desc_len, &peer));
+    if (!peer) return;
+    kv_transfer_block_pair_t table[N_PAIRS];
+    CHECK_OK(kvt_make_table(5, SRC_BLOCKS, DST_BLOCKS, N_PAIRS, 6, table));
+    kill(r.pid, SIGSTOP);
+    done_rec_t done = {0};
+    kv_transfer_t *x = NULL;
+    double t0 = kvt_now_s();
+    CHECK_OK(kv_transfer_begin(peer, src, 1500, on_done, &done, &x));
+    baton_status_t st = BATON_OK;
+    for (int32_t l = 0; l < N_LAYERS && st == BATON_OK; l++) {
+        st = kv_transfer_send_layer(x, l, table, N_PAIRS);
+        kv_transfer_engine_progress(eng);
+    }
+    if (st == BATON_OK) st = kv_transfer_flush(x);
+    CHECK_EQ_INT(wait_done(eng, &done, 10.0), 1);
+    double waited = (done.calls ? done.at : kvt_now_s()) - t0;
+    fprintf(stderr, "stall: transfer ended after %.3f s (status %s)\n", waited,
+            baton_status_str(done.status));
+    CHECK_MSG(done.status == BATON_ERR_TIMEOUT || done.status == BATON_ERR_PEER,
+              "status %d", done.status);
+    CHECK_MSG(waited >= 1.4 || done.status == BATON_ERR_PEER, "ended before its deadline");
+    CHECK_MSG(waited < 5.0, "took %.3f s", waited);
+    CHECK(kv_transfer_peer_status(peer) != BATON_OK);
+    kv_transfer_free(x);
+    kv_transfer_peer_free(peer);
+    kvt_receiver_kill(&r);
+    kv_transfer_pool_free(src);
+    kv_transfer_engine_free(eng);
+    kvt_pool_release(&pd);
+}
+
 int main(int argc, char **argv) {
     int rc = kvt_receiver_main_if_requested(argc, argv);
     if (rc >= 0) return rc;
     if (argc != 3 || (strcmp(argv[1], "bytes") && strcmp(argv[1], "kill") &&
-                      strcmp(argv[1], "bytes-shm"))) {
-        fprintf(stderr, "usage: %s bytes|bytes-shm|kill TLS|default\n", argv[0]);
+                      strcmp(argv[1], "bytes-shm") && strcmp(argv[1], "stall"))) {
+        fprintf(stderr, "usage: %s bytes|bytes-shm|kill|stall TLS|default\n", argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -222,6 +269,7 @@ int main(int argc, char **argv) {
         setenv("BATON_KVT_SHM", "1", 1);
         test_bytes();
     } else if (!strcmp(argv[1], "bytes")) test_bytes();
+    else if (!strcmp(argv[1], "stall")) test_stall();
     else test_kill();
     return TEST_DONE();
 }
