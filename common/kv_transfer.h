@@ -171,9 +171,11 @@ const kv_transfer_remote_info_t *kv_transfer_peer_info(const kv_transfer_peer_t 
 baton_status_t kv_transfer_peer_status(const kv_transfer_peer_t *peer);
 
 /* Releases the caller's reference: transfers still in flight on it are
- * failed with BATON_ERR_CANCELLED (callbacks run), the endpoint is closed
- * (flush mode if healthy, FORCE if failed) and the rkeys destroyed once its
- * transfers have been freed. NULL-safe. */
+ * failed with BATON_ERR_CANCELLED (callbacks run), the rkeys are destroyed
+ * and the endpoint closed at once (flush mode if healthy with nothing
+ * outstanding, FORCE otherwise; the close completes during later progress).
+ * The peer's memory lives until its last transfer handle is freed.
+ * NULL-safe. */
 void kv_transfer_peer_free(kv_transfer_peer_t *peer);
 
 typedef enum kv_transfer_state {
