@@ -11,3 +11,7 @@ baton_add_test(NAME test_chat_template SOURCES unit/test_chat_template.c
 baton_add_fuzz_test(NAME test_tokenizer_fuzz
   SOURCES unit/test_tokenizer_fuzz.c ../common/tokenizer.c ../common/chat_template.c
   LIBS baton_gguf baton_util PkgConfig::PCRE2 SECONDS 20)
+if(TARGET test_tokenizer_fuzz)
+  set_tests_properties(test_tokenizer_fuzz PROPERTIES
+    ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+endif()
