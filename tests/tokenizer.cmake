@@ -15,3 +15,5 @@ if(TARGET test_tokenizer_fuzz)
   set_tests_properties(test_tokenizer_fuzz PROPERTIES
     ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
 endif()
+baton_add_test(NAME test_tokenizer_llama3 SOURCES unit/test_tokenizer_llama3.c
+  LIBS baton_tokenizer LABELS unit TIMEOUT 60)
