@@ -8,6 +8,15 @@ foreach(t test_cuda_kernels test_cuda_sampling)
   set_tests_properties(${t} PROPERTIES SKIP_RETURN_CODE 77)
 endforeach()
 
+# Whole forward (default model + random Llama-3-8B-shape model) vs the CPU
+# backend, and greedy generation of the default model.
+if(TARGET baton_model AND TARGET baton_tokenizer)
+  baton_add_test(NAME test_cuda_forward SOURCES cuda/test_cuda_forward.c
+                 LIBS baton_model baton_tokenizer baton_gguf baton_kernels baton_kernels_cuda m
+                 LABELS cuda TIMEOUT 400)
+  set_tests_properties(test_cuda_forward PROPERTIES SKIP_RETURN_CODE 77)
+endif()
+
 # Benchmark program (Llama-3-8B shapes, random bf16 weights); run by
 # scripts/gpu-check, not by ctest.
 if(BATON_CUDA_ENABLED)
