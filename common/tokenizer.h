@@ -7,7 +7,10 @@
  *    with PCRE2_UTF|PCRE2_UCP, JIT-compiled when available), each piece's
  *    bytes are mapped to printable code points (GPT-2 `bytes_to_unicode`),
  *    then merged by rank (`tokenizer.ggml.merges`, lowest rank first, ties
- *    leftmost) with a priority queue: O(n log n) per word.
+ *    leftmost) with a priority queue: O(n log n) per word. A byte whose
+ *    one-byte token is missing from the vocabulary is dropped, as llama.cpp
+ *    does (SmolLM2 has none for 0x04, 0x06, 0x13, 0x14, 0x16, 0x1d and
+ *    bytes that never occur in UTF-8).
  *  - "llama": SentencePiece-style BPE (Llama 2, TinyLlama, Mistral). Spaces
  *    become U+2581, a dummy space is prepended to each text fragment that
  *    starts the input or follows a special token (when
@@ -71,8 +74,10 @@ enum tokenizer_decode_flags {
     TOKENIZER_DECODE_KEEP_LEADING_SPACE = 1u << 1,
 };
 
-/* Largest input accepted by tokenizer_encode (bytes). */
-#define TOKENIZER_MAX_INPUT_BYTES ((size_t)64 << 20)
+/* Largest input accepted by tokenizer_encode (bytes): far beyond any
+ * context window, and it bounds the merge work space (about 70 bytes per
+ * input byte for a single word without any break, the worst case). */
+#define TOKENIZER_MAX_INPUT_BYTES ((size_t)4 << 20)
 
 /* Builds a tokenizer from the tokenizer.* keys of an open GGUF file. Reads:
  * tokenizer.ggml.model (required), tokens (required), token_type, scores
