@@ -9,6 +9,7 @@
  * compared with the golden row of its position. Load errors (unsupported
  * tensor type, missing key / tensor, other architecture) and forward
  * argument errors. */
+#define _GNU_SOURCE /* memmem */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
