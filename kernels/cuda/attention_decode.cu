@@ -4,7 +4,8 @@
  * One CTA (4 warps) per (token, KV head, group of <= 8 query heads sharing
  * that KV head, split). The CTA covers keys [split * chunk, min(pos + 1,
  * (split + 1) * chunk)) of the token's sequence; warp w takes every 4th key,
- * the whole warp reads one key/value row (lane d holds dims d, d+32, ...)
+ * the whole warp reads one key/value row at a time (lane d holds dims d,
+ * d+32, ...; U rows are loaded ahead so that loads overlap)
  * and scores it against every query head of the group, so each bf16 K/V row
  * is read from memory once per KV head (GQA reuse). Each warp keeps an online
  * softmax state per head; the 4 warps merge in shared memory. With one split
@@ -58,30 +59,45 @@ __global__ void __launch_bounds__(DC_WARPS * 32)
         }
     }
 
-    for (int32_t key = k_begin + warp; key < k_end; key += DC_WARPS) {
-        int64_t blk = btr[key / block_size];
-        int64_t base = layer_base + ((blk * block_size + key % block_size) * n_kvh + kvh) * D;
-        float kf[DC], vf[DC];
+    /* Warp w takes runs of U consecutive keys (w*U, w*U + 4U, ...); all U
+     * block-table lookups, then all U K/V rows are loaded before any math,
+     * so each warp keeps U independent loads in flight. */
+    constexpr int U = DC <= 4 ? 4 : 2;
+    for (int32_t k0 = k_begin + warp * U; k0 < k_end; k0 += DC_WARPS * U) {
+        int64_t base[U];
 #pragma unroll
-        for (int c = 0; c < DC; c++) {
-            int d = lane + 32 * c;
-            kf[c] = d < D ? bf2f(kp[base + d]) : 0.0f;
-            vf[c] = d < D ? bf2f(vp[base + d]) : 0.0f;
+        for (int u = 0; u < U; u++) {
+            const int32_t key = min(k0 + u, k_end - 1); /* clamped: masked below */
+            const int64_t blk = btr[key / block_size];
+            base[u] = layer_base + ((blk * block_size + key % block_size) * n_kvh + kvh) * D;
         }
+        float kf[U][DC], vf[U][DC];
 #pragma unroll
-        for (int g = 0; g < DC_GMAX; g++) {
-            if (g >= G) break;
-            float s = 0.0f;
+        for (int u = 0; u < U; u++)
 #pragma unroll
-            for (int c = 0; c < DC; c++) s += qv[g][c] * kf[c];
-            s = warp_sum(s);
-            const float mnew = fmaxf(m[g], s);
-            const float alpha = __expf(m[g] - mnew);
-            const float p = __expf(s - mnew);
-            l[g] = l[g] * alpha + p;
+            for (int c = 0; c < DC; c++) {
+                const int d = lane + 32 * c;
+                kf[u][c] = d < D ? bf2f(kp[base[u] + d]) : 0.0f;
+                vf[u][c] = d < D ? bf2f(vp[base[u] + d]) : 0.0f;
+            }
 #pragma unroll
-            for (int c = 0; c < DC; c++) o[g][c] = o[g][c] * alpha + p * vf[c];
-            m[g] = mnew;
+        for (int u = 0; u < U; u++) {
+            if (k0 + u >= k_end) break; /* warp-uniform */
+#pragma unroll
+            for (int g = 0; g < DC_GMAX; g++) {
+                if (g >= G) break;
+                float s = 0.0f;
+#pragma unroll
+                for (int c = 0; c < DC; c++) s += qv[g][c] * kf[u][c];
+                s = warp_sum(s);
+                const float mnew = fmaxf(m[g], s);
+                const float alpha = __expf(m[g] - mnew);
+                const float p = __expf(s - mnew);
+                l[g] = l[g] * alpha + p;
+#pragma unroll
+                for (int c = 0; c < DC; c++) o[g][c] = o[g][c] * alpha + p * vf[u][c];
+                m[g] = mnew;
+            }
         }
     }
 

@@ -156,8 +156,9 @@ __global__ void __launch_bounds__(SMP_THREADS)
     }
     const float total = scan[SMP_THREADS - 1];
     const float target = p.uniform * total;
-    const float excl = scan[threadIdx.x] - own;
-    if (own > 0.0f && target >= excl && target < excl + own) {
+    /* the ranges [scan[i-1], scan[i]) tile [0, total) exactly */
+    const float excl = threadIdx.x ? scan[threadIdx.x - 1] : 0.0f;
+    if (own > 0.0f && target >= excl && target < scan[threadIdx.x]) {
         float acc = excl;
         int32_t chosen = last_kept;
         for (int32_t i = lo; i < hi; i++) {
