@@ -586,6 +586,11 @@ static baton_status_t check_batch(const model_t *m, const model_kv_t *kv, const 
 
 baton_status_t model_forward(model_t *m, const model_kv_t *kv, const model_batch_t *batch,
                              float *logits_out) {
+    return model_forward_layers(m, kv, batch, logits_out, NULL, NULL);
+}
+
+baton_status_t model_forward_layers(model_t *m, const model_kv_t *kv, const model_batch_t *batch,
+                                    float *logits_out, model_layer_cb_t layer_cb, void *cb_arg) {
     if (!m || !kv || !batch)
         return baton_error(BATON_ERR_INVALID_ARG, "model_forward: NULL argument");
     int32_t n, max_blocks;
@@ -659,6 +664,10 @@ baton_status_t model_forward(model_t *m, const model_kv_t *kv, const model_batch
         TRY(op->swiglu(be, m->gate, m->up, m->gate, n, hp->n_ff));
         TRY(op->matmul(be, L->w_down, NULL, m->gate, m->proj, n));
         TRY(op->add(be, m->x, m->proj, m->x, (int64_t)n * E));
+        if (layer_cb) {
+            TRY(op->synchronize(be)); /* layer l's K/V are in the pools */
+            layer_cb(cb_arg, l);
+        }
     }
     /* logits of the wanted rows, max_logit_rows at a time */
     for (int32_t done = 0; done < r; done += m->lp.max_logit_rows) {

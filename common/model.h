@@ -163,4 +163,16 @@ int64_t model_batch_n_logits(const model_batch_t *batch);
 baton_status_t model_forward(model_t *m, const model_kv_t *kv, const model_batch_t *batch,
                              float *logits_out);
 
+/* Called by model_forward_layers after layer `layer` (0..n_layer-1) of a
+ * step has finished, with the backend synchronised: that layer's K/V of
+ * every position written in the step are in the pools and may be read
+ * (e.g. sent to a peer: layer-wise KV streaming). Must not touch the model. */
+typedef void (*model_layer_cb_t)(void *arg, int32_t layer);
+
+/* model_forward, calling `layer_cb(cb_arg, l)` (may be NULL) after each
+ * layer. Same errors and outputs as model_forward; a failing step calls the
+ * hook for the layers finished before the failure only. */
+baton_status_t model_forward_layers(model_t *m, const model_kv_t *kv, const model_batch_t *batch,
+                                    float *logits_out, model_layer_cb_t layer_cb, void *cb_arg);
+
 #endif
