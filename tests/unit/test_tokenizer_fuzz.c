@@ -35,9 +35,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         fprintf(stderr, "cannot load %s\n", path);
         abort();
     }
-    snprintf(path, sizeof(path), "%s/.cache/baton/SmolLM2-135M-Instruct.Q4_1.gguf",
-             getenv("HOME") ? getenv("HOME") : "/root");
-    g_bpe = load(path); /* optional */
+    /* the default model as tests/test_util.h finds it; optional here */
+    const char *m = getenv("BATON_MODEL"), *dir = getenv("BATON_MODEL_DIR");
+    if (m && *m) snprintf(path, sizeof(path), "%s", m);
+    else if (dir && *dir) snprintf(path, sizeof(path), "%s/SmolLM2-135M-Instruct.Q4_1.gguf", dir);
+    else snprintf(path, sizeof(path), "%s/.cache/baton/SmolLM2-135M-Instruct.Q4_1.gguf",
+                  getenv("HOME") ? getenv("HOME") : "/root");
+    g_bpe = load(path);
     return 0;
 }
 
