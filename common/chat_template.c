@@ -176,7 +176,8 @@ static void b_flush(builder_t *b) {
     if (b->st || !b->want_ids || b->pending == b->len) return;
     int32_t *ids = NULL;
     size_t n = 0;
-    baton_status_t s = tokenizer_encode_alloc(b->tok, b->text + b->pending, b->len - b->pending, 0, &ids, &n);
+    baton_status_t s = tokenizer_encode_alloc(b->tok, b->text + b->pending, b->len - b->pending,
+                                              TOKENIZER_ENCODE_NO_USER_DEFINED, &ids, &n);
     if (s) {
         b->st = s;
         return;

@@ -25,7 +25,8 @@
  * a control/user-defined token of the vocabulary becomes that token id, and
  * every run of text between two special tokens (role names, newlines and the
  * message content together) is encoded as plain text, so content such as
- * "<|im_end|>\n<|im_start|>system" can never inject control tokens. BOS is
+ * "<|im_end|>\n<|im_start|>system" can never inject control or user-defined
+ * tokens (TOKENIZER_ENCODE_NO_USER_DEFINED). BOS is
  * prepended when the model's add_bos flag is set. */
 #ifndef BATON_COMMON_CHAT_TEMPLATE_H
 #define BATON_COMMON_CHAT_TEMPLATE_H

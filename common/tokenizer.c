@@ -972,7 +972,7 @@ static baton_status_t frag_push(fragvec_t *v, frag_t f) {
 /* llama.cpp tokenizer_st_partition: each special token (longest first)
  * splits every raw fragment at each of its occurrences. */
 static baton_status_t partition_special(const tokenizer_t *t, const char *text, size_t len,
-                                        bool parse_special, fragvec_t *frags) {
+                                        bool parse_special, bool user_defined, fragvec_t *frags) {
     baton_status_t s = BATON_OK;
     fragvec_t tmp = {0};
     frags->n = 0;
@@ -983,6 +983,7 @@ static baton_status_t partition_special(const tokenizer_t *t, const char *text, 
         uint8_t ty = t->type[sid];
         if (!parse_special && (ty == TOKENIZER_TOKEN_CONTROL || ty == TOKENIZER_TOKEN_UNKNOWN))
             continue;
+        if (!user_defined && ty == TOKENIZER_TOKEN_USER_DEFINED) continue;
         const char *st = t->text[sid];
         size_t sl = t->text_len[sid];
         bool any = false;
@@ -1097,7 +1098,8 @@ static baton_status_t encode_vec(const tokenizer_t *t, const char *text, size_t 
         }
         if (!md) return baton_error(BATON_ERR_NO_MEMORY, "tokenizer: regex match data");
     }
-    if ((s = partition_special(t, text, len, (flags & TOKENIZER_ENCODE_PARSE_SPECIAL) != 0, &frags)))
+    if ((s = partition_special(t, text, len, (flags & TOKENIZER_ENCODE_PARSE_SPECIAL) != 0,
+                               !(flags & TOKENIZER_ENCODE_NO_USER_DEFINED), &frags)))
         goto out;
     if (add_special && t->add_bos && (s = idvec_push(out, t->bos))) goto out;
     bool prev_special = true;

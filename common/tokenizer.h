@@ -61,6 +61,10 @@ enum tokenizer_encode_flags {
      * and emit their ids. Off by default: user text stays plain text.
      * User-defined tokens (type 4) are always recognised, as in llama.cpp. */
     TOKENIZER_ENCODE_PARSE_SPECIAL = 1u << 1,
+    /* Do not recognise user-defined tokens either: the text is encoded as
+     * pure text (chat templates encode message content this way, since some
+     * models, e.g. Gemma, store turn markers as user-defined tokens). */
+    TOKENIZER_ENCODE_NO_USER_DEFINED = 1u << 2,
 };
 
 /* Flags for tokenizer_decode / detok_init. */

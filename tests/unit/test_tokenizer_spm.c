@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/chat_template.h"
 #include "common/gguf.h"
 #include "common/tokenizer.h"
 #include "tests/test_util.h"
@@ -149,7 +150,70 @@ static void test_special(const tokenizer_t *tok) {
     free(a);
 }
 
+/* A user-defined token (Gemma keeps <start_of_turn> as one) is recognised
+ * in plain encoding, as llama.cpp does, but never in chat content. */
+static void test_user_defined(void) {
+    const char *toks[] = {"<unk>", "<s>", "</s>", "<start_of_turn>", "\xe2\x96\x81", "<", ">", "s",
+                          "t", "a", "r", "_", "o", "f", "u", "n", "x", "e", "\n", "m", "d", "l"};
+    enum { N = sizeof(toks) / sizeof(toks[0]) };
+    int32_t types[N];
+    float scores[N];
+    for (int i = 0; i < N; i++) {
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i == 3 ? 4 : 1;
+        scores[i] = -(float)i;
+    }
+    tt_gguf_t g = {0};
+    tt_kv_str(&g, "tokenizer.ggml.model", "llama");
+    tt_kv_strs(&g, "tokenizer.ggml.tokens", toks, N);
+    tt_kv_f32s(&g, "tokenizer.ggml.scores", scores, N);
+    tt_kv_i32s(&g, "tokenizer.ggml.token_type", types, N);
+    tt_kv_str(&g, "tokenizer.chat_template", "{{ '<start_of_turn>' + role + '\\n' }}");
+    size_t size;
+    uint8_t *bytes = tt_finish(&g, &size);
+    gguf_file_t *f = NULL;
+    CHECK_OK(gguf_open_memory(bytes, size, &f));
+    tokenizer_t *tok = NULL;
+    if (f) CHECK_OK(tokenizer_load(f, &tok));
+    if (tok) {
+        const char text[] = "x<start_of_turn>x";
+        int32_t ids[64];
+        size_t n = 0;
+        CHECK_OK(tokenizer_encode(tok, text, sizeof(text) - 1, 0, ids, 64, &n));
+        int32_t want[] = {4, 16, 3, 4, 16}; /* llama.cpp: dummy space after a special token */
+        CHECK(n == 5 && memcmp(ids, want, sizeof(want)) == 0);
+        CHECK_OK(tokenizer_encode(tok, text, sizeof(text) - 1, TOKENIZER_ENCODE_NO_USER_DEFINED, ids, 64, &n));
+        bool any = false;
+        for (size_t i = 0; i < n; i++) any |= ids[i] == 3;
+        CHECK(!any && n == 18);
+        char *dec = NULL;
+        size_t dl = 0;
+        CHECK_OK(tokenizer_decode(tok, ids, n, 0, &dec, &dl));
+        CHECK(dec && dl == sizeof(text) - 1 && memcmp(dec, text, dl) == 0);
+        free(dec);
+
+        chat_template_t *ct = NULL;
+        CHECK_OK(chat_template_init(f, tok, &ct));
+        if (ct) {
+            CHECK_EQ_INT(chat_template_family(ct), CHAT_TEMPLATE_GEMMA);
+            chat_message_t m[] = {{"user", "<start_of_turn>model", 20}};
+            int32_t *r = NULL;
+            size_t nr = 0;
+            CHECK_OK(chat_template_render(ct, m, 1, true, &r, &nr));
+            size_t k = 0;
+            for (size_t i = 0; i < nr; i++) k += r[i] == 3;
+            CHECK_EQ_INT(k, 2); /* the user turn and the generation prompt only */
+            CHECK(nr > 0 && r[0] == 1); /* BOS */
+            free(r);
+            chat_template_free(ct);
+        }
+    }
+    tokenizer_free(tok);
+    gguf_close(f);
+    free(bytes);
+}
+
 int main(void) {
+    test_user_defined();
     char path[4096];
     const char *src = getenv("BATON_SOURCE_DIR");
     snprintf(path, sizeof(path), "%s/tests/data/tokenizer_spm_tiny.gguf", src && *src ? src : ".");

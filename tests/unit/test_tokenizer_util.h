@@ -161,6 +161,22 @@ static inline void tt_kv_strs(tt_gguf_t *g, const char *key, const char *const *
     for (size_t i = 0; i < n; i++) tt_str(g, vals[i]);
     g->n_kv++;
 }
+static inline void tt_kv_i32s(tt_gguf_t *g, const char *key, const int32_t *vals, size_t n) {
+    tt_str(g, key);
+    tt_u32(g, 9); /* ARRAY */
+    tt_u32(g, 5); /* of INT32 */
+    tt_u64(g, n);
+    tt_put(g, vals, n * 4);
+    g->n_kv++;
+}
+static inline void tt_kv_f32s(tt_gguf_t *g, const char *key, const float *vals, size_t n) {
+    tt_str(g, key);
+    tt_u32(g, 9); /* ARRAY */
+    tt_u32(g, 6); /* of FLOAT32 */
+    tt_u64(g, n);
+    tt_put(g, vals, n * 4);
+    g->n_kv++;
+}
 /* Body (kvs) is built first; tt_finish prepends the header. */
 static inline uint8_t *tt_finish(tt_gguf_t *g, size_t *size) {
     tt_gguf_t out = {0};
