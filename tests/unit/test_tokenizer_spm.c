@@ -179,7 +179,8 @@ static void test_user_defined(void) {
         int32_t ids[64];
         size_t n = 0;
         CHECK_OK(tokenizer_encode(tok, text, sizeof(text) - 1, 0, ids, 64, &n));
-        int32_t want[] = {4, 16, 3, 4, 16}; /* llama.cpp: dummy space after a special token */
+        /* llama-cpp-python 0.3.36 gave these ids for the same vocabulary */
+        int32_t want[] = {4, 16, 3, 4, 16}; /* dummy space after the special token */
         CHECK(n == 5 && memcmp(ids, want, sizeof(want)) == 0);
         CHECK_OK(tokenizer_encode(tok, text, sizeof(text) - 1, TOKENIZER_ENCODE_NO_USER_DEFINED, ids, 64, &n));
         bool any = false;
