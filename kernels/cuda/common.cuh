@@ -99,6 +99,12 @@ typedef struct cuda_ctx {
     cudaEvent_t half_done[2];
     cudaEvent_t graph_done; /* recorded after a graph launch that reads h_meta */
     int graph_pending;      /* eager must wait graph_done before writing h_meta */
+    /* Recent puts: a put of the same host array with the same bytes (every
+     * layer's block tables, positions, ...) reuses the staged copy while its
+     * generation is current (bumped whenever staged regions may be reused). */
+    struct { const void *h; size_t bytes, off; uint64_t gen; } recent[8];
+    int recent_next;
+    uint64_t meta_gen;
 
     int mode;
     int32_t graph_key;
