@@ -240,7 +240,8 @@ extern "C" baton_status_t cuda_sample(backend_t *be, const float *logits, int32_
     sample_param_t *hp = (sample_param_t *)malloc((size_t)n * sizeof(*hp));
     if (!hp) return baton_error(BATON_ERR_NO_MEMORY, "cuda_sample: %d params", n);
     for (int32_t i = 0; i < n; i++) {
-        /* greedy rows inside a sampled batch: top_k = 1 keeps only the max */
+        /* greedy rows inside a sampled batch: sampled with top_k = 1 here,
+         * then replaced by k_greedy's argmax below */
         hp[i].temperature = temperature[i] > 0.0f ? temperature[i] : 1.0f;
         hp[i].top_k = temperature[i] > 0.0f ? top_k[i] : 1;
         hp[i].top_p = temperature[i] > 0.0f ? top_p[i] : 1.0f;
@@ -253,5 +254,22 @@ extern "C" baton_status_t cuda_sample(backend_t *be, const float *logits, int32_
     k_sample<<<n, SMP_THREADS, 0, c->stream>>>(logits, vocab, (const sample_param_t *)d_params,
                                                (int32_t *)d_ids);
     BATON_CUDA_CHECK_LAUNCH();
-    return fetch_ids(c, (const int32_t *)d_ids, n, out_ids);
+    int any_greedy = 0;
+    for (int32_t i = 0; i < n; i++) any_greedy |= !(temperature[i] > 0.0f);
+    if (!any_greedy) return fetch_ids(c, (const int32_t *)d_ids, n, out_ids);
+    /* greedy rows of a mixed batch: argmax with the lowest index on ties */
+    const void *d_greedy;
+    st = cuda_meta_put(c, NULL, (size_t)n * sizeof(int32_t), &d_greedy);
+    if (st != BATON_OK) return st;
+    k_greedy<<<n, SMP_THREADS, 0, c->stream>>>(logits, vocab, (int32_t *)d_greedy);
+    BATON_CUDA_CHECK_LAUNCH();
+    int32_t *g = (int32_t *)malloc((size_t)n * sizeof(int32_t));
+    if (!g) return baton_error(BATON_ERR_NO_MEMORY, "cuda_sample: %d ids", n);
+    st = fetch_ids(c, (const int32_t *)d_greedy, n, g);
+    if (st == BATON_OK) st = fetch_ids(c, (const int32_t *)d_ids, n, out_ids);
+    if (st == BATON_OK)
+        for (int32_t i = 0; i < n; i++)
+            if (!(temperature[i] > 0.0f)) out_ids[i] = g[i];
+    free(g);
+    return st;
 }

@@ -95,6 +95,31 @@ static void test_sample(backend_t *gpu, int32_t V, float temp, int32_t k, float 
     free(row); free(x); free(T); free(P); free(U); free(K); free(ids); free(prob); free(count);
 }
 
+/* A batch mixing greedy rows (temperature 0, with tied maxima) and sampled
+ * rows: greedy rows give the lowest tied index, sampled rows stay in their
+ * top-k set. */
+static void test_mixed(backend_t *gpu) {
+    enum { N = 4, V = 5000 };
+    float *x = malloc(sizeof(float) * N * V);
+    t_fill(x, (int64_t)N * V, -5.0f, 5.0f, 0);
+    x[0 * V + 4000] = x[0 * V + 17] = 9.0f;
+    x[2 * V + 3] = x[2 * V + 2] = 9.5f;
+    float T[N] = {0.0f, 1.0f, 0.0f, 0.5f}, P[N] = {1.0f, 1.0f, 1.0f, 1.0f};
+    float U[N] = {0.3f, 0.99f, 0.7f, 0.01f};
+    int32_t K[N] = {0, 3, 0, 2}, ids[N];
+    float *d = t_alloc_upload(gpu, x, sizeof(float) * N * V);
+    CHECK_OK(cuda_sample(gpu, d, N, V, T, K, P, U, ids));
+    CHECK_EQ_INT(ids[0], 17);
+    CHECK_EQ_INT(ids[2], 2);
+    for (int r = 1; r < N; r += 2) { /* sampled rows: one of the K[r] largest */
+        int larger = 0;
+        for (int i = 0; i < V; i++) larger += x[r * V + i] > x[r * V + ids[r]];
+        CHECK_MSG(larger < K[r], "mixed row %d: id %d has %d larger logits (top_k %d)", r, ids[r], larger, K[r]);
+    }
+    gpu->ops->free(gpu, d);
+    free(x);
+}
+
 int main(void) {
     int fail;
     backend_t *gpu = cuda_test_backend(&fail);
@@ -107,6 +132,7 @@ int main(void) {
     test_sample(gpu, 37, 1.3f, 0, 0.8f);
     test_sample(gpu, 3001, 0.9f, 40, 0.95f);
     test_sample(gpu, 3001, 1.0f, 1, 1.0f);
+    test_mixed(gpu);
     /* bad input */
     float t = 1.0f, pp = 0.0f, u = 0.5f;
     int32_t k = 0, id;
