@@ -7,3 +7,11 @@ baton_add_test(NAME test_model_ref SOURCES model/test_model_ref.c LIBS baton_mod
 add_test(NAME test_model_batching COMMAND test_model_ref batching)
 set_tests_properties(test_model_batching PROPERTIES LABELS model TIMEOUT 180
   ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
+# `baton generate` bad inputs and determinism on the tiny models, and the
+# default model's chat answer.
+if(TARGET baton)
+  add_test(NAME test_cli_bad_input COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/model/test_cli.sh $<TARGET_FILE:baton> ${CMAKE_SOURCE_DIR} bad-input)
+  set_tests_properties(test_cli_bad_input PROPERTIES LABELS unit TIMEOUT 120)
+  add_test(NAME test_cli_chat COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/model/test_cli.sh $<TARGET_FILE:baton> ${CMAKE_SOURCE_DIR} chat)
+  set_tests_properties(test_cli_chat PROPERTIES LABELS model TIMEOUT 120)
+endif()
