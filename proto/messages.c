@@ -63,6 +63,8 @@ typedef struct field {
     size_t off;   /* value, or array pointer */
     size_t off_n; /* uint32_t count of an array / bin */
     bool optional;
+    bool omit_empty; /* encoder leaves the key out when the value is 0 / NULL / "" / empty
+                        (optional additions: older peers' bytes stay identical) */
     bool vocab;   /* F_U32S / F_U32: each value < limits->vocab_size */
     bool lo_open; /* F_F32: lower bound exclusive */
     uint64_t lo, hi;
@@ -246,6 +248,8 @@ static const field_t worker_register_fields[] = {
     MAP(proto_worker_register_t, kv, "kv", kv_geometry_schema),
     BINX(proto_worker_register_t, ucx_address, ucx_address_len, "ucx_address", 0),
     MAP(proto_worker_register_t, pool, "pool", pool_desc_schema),
+    {.key = "kv_events_endpoint", .kind = F_STR,
+     .off = OFF(proto_worker_register_t, kv_events_endpoint), .optional = true, .omit_empty = true, .lim = LIM_STR},
 };
 
 static baton_status_t heartbeat_check(const void *obj, const proto_limits_t *limits) {
@@ -268,6 +272,20 @@ static const field_t worker_heartbeat_fields[] = {
     U32(proto_worker_heartbeat_t, free_blocks, "free_blocks", 0, UINT32_MAX),
     U32(proto_worker_heartbeat_t, total_blocks, "total_blocks", 0, UINT32_MAX),
     F32(proto_worker_heartbeat_t, batch_occupancy, "batch_occupancy", 0.0, 1.0, false),
+    {.key = "used_blocks", .kind = F_U32, .off = OFF(proto_worker_heartbeat_t, used_blocks),
+     .optional = true, .omit_empty = true, .lo = 0, .hi = UINT32_MAX},
+    {.key = "cache_hit_blocks", .kind = F_U64,
+     .off = OFF(proto_worker_heartbeat_t, cache_hit_blocks), .optional = true, .omit_empty = true, .lo = 0,
+     .hi = UINT64_MAX},
+    {.key = "cache_lookup_blocks", .kind = F_U64,
+     .off = OFF(proto_worker_heartbeat_t, cache_lookup_blocks), .optional = true, .omit_empty = true, .lo = 0,
+     .hi = UINT64_MAX},
+    {.key = "preemptions", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, preemptions),
+     .optional = true, .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
+    {.key = "busy_us", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, busy_us),
+     .optional = true, .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
+    {.key = "steps", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, steps),
+     .optional = true, .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
 };
 
 static const field_t prefill_request_fields[] = {
@@ -279,6 +297,8 @@ static const field_t prefill_request_fields[] = {
     STR(proto_prefill_request_t, tenant, "tenant"),
     U64ANY(proto_prefill_request_t, cache_salt, "cache_salt"),
     U64ANY(proto_prefill_request_t, deadline_unix_us, "deadline_unix_us"),
+    {.key = "decode_endpoint", .kind = F_STR, .off = OFF(proto_prefill_request_t, decode_endpoint),
+     .optional = true, .omit_empty = true, .lim = LIM_STR},
 };
 
 static baton_status_t decode_request_check(const void *obj, const proto_limits_t *limits) {
@@ -306,6 +326,8 @@ static const field_t decode_request_fields[] = {
     STR(proto_decode_request_t, tenant, "tenant"),
     U64ANY(proto_decode_request_t, cache_salt, "cache_salt"),
     U64ANY(proto_decode_request_t, deadline_unix_us, "deadline_unix_us"),
+    {.key = "prefill_endpoint", .kind = F_STR,
+     .off = OFF(proto_decode_request_t, prefill_endpoint), .optional = true, .omit_empty = true, .lim = LIM_STR},
 };
 
 static baton_status_t kv_destination_check(const void *obj, const proto_limits_t *limits) {
@@ -325,6 +347,8 @@ static const field_t kv_destination_fields[] = {
      .lim = LIM_BLOCKS, .min_n = 1},
     U32(proto_kv_destination_t, n_skip_blocks, "n_skip_blocks", 0, UINT32_MAX),
     MAP(proto_kv_destination_t, pool, "pool", pool_desc_schema),
+    {.key = "ucx_address", .kind = F_BIN, .off = OFF(proto_kv_destination_t, ucx_address),
+     .off_n = OFF(proto_kv_destination_t, ucx_address_len), .optional = true, .omit_empty = true, .lim = LIM_BIN},
 };
 
 static const field_t prefill_done_fields[] = {
@@ -533,8 +557,29 @@ static baton_status_t encode_field(msgpack_packer *pk, const field_t *f, const v
     return pk_err(rc);
 }
 
+static bool field_omitted(const field_t *f, const void *obj) {
+    if (!f->omit_empty) return false;
+    switch (f->kind) {
+    case F_U32: return *(const uint32_t *)at(obj, f->off) == 0;
+    case F_U64: return *(const uint64_t *)at(obj, f->off) == 0;
+    case F_STR: {
+        const char *str = ptr_at(obj, f->off);
+        return !str || !*str;
+    }
+    case F_BIN: return count_at(obj, f->off_n) == 0;
+    default: return false;
+    }
+}
+
+static uint32_t n_encoded_fields(const schema_t *s, const void *obj) {
+    uint32_t n = 0;
+    for (size_t i = 0; i < s->n_fields; i++) n += !field_omitted(&s->fields[i], obj);
+    return n;
+}
+
 static baton_status_t encode_fields(msgpack_packer *pk, const schema_t *s, const void *obj) {
     for (size_t i = 0; i < s->n_fields; i++) {
+        if (field_omitted(&s->fields[i], obj)) continue;
         baton_status_t st = pk_err(pack_key(pk, s->fields[i].key));
         if (st) return st;
         if ((st = encode_field(pk, &s->fields[i], obj))) return st;
@@ -543,7 +588,7 @@ static baton_status_t encode_fields(msgpack_packer *pk, const schema_t *s, const
 }
 
 static baton_status_t encode_map(msgpack_packer *pk, const schema_t *s, const void *obj) {
-    baton_status_t st = pk_err(msgpack_pack_map(pk, s->n_fields));
+    baton_status_t st = pk_err(msgpack_pack_map(pk, n_encoded_fields(s, obj)));
     return st ? st : encode_fields(pk, s, obj);
 }
 
@@ -554,7 +599,7 @@ baton_status_t proto_encode(const proto_msg_t *msg, msgpack_sbuffer *sbuf) {
     const schema_t *s = &msg_schemas[msg->type];
     msgpack_packer pk;
     msgpack_packer_init(&pk, sbuf, msgpack_sbuffer_write);
-    baton_status_t st = pk_err(msgpack_pack_map(&pk, s->n_fields + 2));
+    baton_status_t st = pk_err(msgpack_pack_map(&pk, n_encoded_fields(s, &msg->u) + 2));
     if (!st) st = pk_err(pack_key(&pk, "type"));
     if (!st) st = pk_err(pack_key(&pk, s->name));
     if (!st) st = pk_err(pack_key(&pk, "v"));

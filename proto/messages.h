@@ -179,6 +179,8 @@ typedef struct proto_worker_register {
     uint8_t *ucx_address;                    /* "ucx_address": ucp_worker_get_address */
     uint32_t ucx_address_len;                /*   bytes, 0 for a worker with no pool */
     proto_pool_desc_t pool;                  /* "pool" (map) */
+    char *kv_events_endpoint;                /* "kv_events_endpoint" (optional): the worker's
+                                                KV-event PUB endpoint, "" / NULL = none */
 } proto_worker_register_t;
 
 /* worker -> router, periodically. */
@@ -193,6 +195,13 @@ typedef struct proto_worker_heartbeat {
     uint32_t free_blocks;                    /* "free_blocks", <= total_blocks */
     uint32_t total_blocks;                   /* "total_blocks" */
     float batch_occupancy;                   /* "batch_occupancy", 0..1 */
+    /* optional metrics (cluster.md "Metrics a worker reports"); 0 when absent */
+    uint32_t used_blocks;                    /* "used_blocks": KV blocks referenced */
+    uint64_t cache_hit_blocks;               /* "cache_hit_blocks": prefix-cache blocks reused */
+    uint64_t cache_lookup_blocks;            /* "cache_lookup_blocks": blocks looked up (hit+miss) */
+    uint64_t preemptions;                    /* "preemptions" (decode) */
+    uint64_t busy_us;                        /* "busy_us": time spent in steps since start */
+    uint64_t steps;                          /* "steps": forward steps since start */
 } proto_worker_heartbeat_t;
 
 /* router -> prefill worker. */
@@ -206,6 +215,8 @@ typedef struct proto_prefill_request {
     char *tenant;                                    /* "tenant" */
     uint64_t cache_salt;                             /* "cache_salt", 0 = shared cache */
     uint64_t deadline_unix_us;                       /* "deadline_unix_us", 0 = none */
+    char *decode_endpoint;                           /* "decode_endpoint" (optional): the decode
+                                                        worker's peer ROUTER endpoint */
 } proto_prefill_request_t;
 
 /* router -> decode worker. token_ids is either empty or the whole prompt
@@ -221,6 +232,8 @@ typedef struct proto_decode_request {
     char *tenant;                                    /* "tenant" */
     uint64_t cache_salt;                             /* "cache_salt" */
     uint64_t deadline_unix_us;                       /* "deadline_unix_us" */
+    char *prefill_endpoint;                          /* "prefill_endpoint" (optional): the prefill
+                                                        worker's peer ROUTER endpoint */
 } proto_decode_request_t;
 
 /* decode worker -> prefill worker: where to write the prompt's KV. The same
@@ -235,6 +248,9 @@ typedef struct proto_kv_destination {
     uint32_t n_skip_blocks;                         /* "n_skip_blocks", <= n_block_ids */
     proto_pool_desc_t pool;                         /* "pool" (map; may have 0 regions
                                                        when registration is to be used) */
+    uint8_t *ucx_address;                           /* "ucx_address" (optional bin): the decode
+                                                       worker's ucp_worker_get_address */
+    uint32_t ucx_address_len;                       /*   bytes, 0 when absent */
 } proto_kv_destination_t;
 
 /* prefill worker -> decode worker, after the UCX flush completed. */

@@ -380,8 +380,8 @@ static void test_abort(void) {
     }
     make_id(id, 99);
     CHECK_EQ_INT(prefill_sched_abort(h.s, id, &active), BATON_ERR_NOT_FOUND);
-    /* idle again: only the cache's references remain (it also keeps the full
-     * blocks of request 2 computed so far are not cached: not full prompts) */
+    /* idle again: only the cache's references remain (request 2's partial
+     * prompt was never cached) */
     CHECK_EQ_INT(kv_pool_n_used(h.pool), (int64_t)radix_cache_size(h.cache));
     prefill_sched_get_stats(h.s, &st);
     CHECK_EQ_INT(st.n_waiting + st.n_running + st.n_wait_dest + st.n_done, 0);

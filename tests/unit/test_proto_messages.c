@@ -585,9 +585,16 @@ static msgpack_sbuffer *v_bins(uint32_t n, size_t len) {
 }
 
 /* Keys that may be absent (proto/messages.h), by parent key. */
-static bool optional_key(const char *parent, const char *key) {
+static bool optional_key(proto_msg_type_t type, const char *parent, const char *key) {
     if (!strcmp(key, "error") || !strcmp(key, "p")) return true;
     if (!strcmp(parent, "sampling")) return false;
+    /* optional additions of cluster.md (prefill/decode/router wiring) */
+    static const char *const added[] = {"kv_events_endpoint", "used_blocks", "cache_hit_blocks",
+                                        "cache_lookup_blocks", "preemptions", "busy_us", "steps",
+                                        "decode_endpoint", "prefill_endpoint"};
+    if (type == PROTO_MSG_KV_DESTINATION && !strcmp(key, "ucx_address")) return true;
+    for (size_t i = 0; i < sizeof(added) / sizeof(added[0]); i++)
+        if (!strcmp(key, added[i])) return true;
     return !strcmp(key, "top_logprobs") || !strcmp(key, "logprobs") || !strcmp(key, "top_k");
 }
 
@@ -612,7 +619,7 @@ static int walk_paths(const msgpack_sbuffer *base, const proto_msg_t *in, const 
         m->kind = MUT_REMOVE;
         baton_status_t st = decode_mutated(base, m, &lim, NULL);
         baton_status_t want = BATON_ERR_FORMAT;
-        if (optional_key(parent, key)) {
+        if (optional_key(type, parent, key)) {
             /* An entry's top_k only matters when it has top logprobs. */
             want = BATON_OK;
             if (!strcmp(key, "top_k")) want = BATON_ERR_OUT_OF_RANGE;
