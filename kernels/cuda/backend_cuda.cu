@@ -46,8 +46,19 @@ void cuda_sig_mix(cuda_ctx_t *c, uint64_t v) {
 
 static void sig_ptr(cuda_ctx_t *c, const void *p) { cuda_sig_mix(c, (uint64_t)(uintptr_t)p); }
 
+/* Drops every captured graph: they address the metadata arena and scratch
+ * buffers, which are about to be reallocated. */
+static void graphs_invalidate(cuda_ctx_t *c) {
+    for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+        c->graphs[i].exec = NULL;
+        c->graphs[i].key = -1;
+    }
+}
+
 static baton_status_t meta_grow(cuda_ctx_t *c, size_t bytes) {
     BATON_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    graphs_invalidate(c);
     cudaFreeHost(c->h_meta);
     cudaFree(c->d_meta);
     c->h_meta = NULL;
@@ -130,6 +141,7 @@ baton_status_t cuda_scratch_ensure(cuda_ctx_t *c, void **buf, size_t *have, size
                            "cuda graph: %s needs %zu bytes, has %zu (run one eager step of this "
                            "size before capturing)", what, bytes, *have);
     BATON_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    graphs_invalidate(c);
     cudaFree(*buf);
     *buf = NULL;
     *have = 0;

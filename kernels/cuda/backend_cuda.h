@@ -23,7 +23,10 @@
  * BATON_ERR_INVALID_ARG from replay_end and launches nothing. Attention in a
  * captured step splits keys by the block-table capacity (max_blocks *
  * block_size) rather than the current context, so one graph serves every
- * context length up to that capacity. */
+ * context length up to that capacity. Graphs address the backend's scratch
+ * buffers: an eager step larger than any before (which grows them) drops
+ * every stored graph, and replay_begin then returns NOT_FOUND, so the
+ * forward captures again. */
 #ifndef BATON_KERNELS_CUDA_BACKEND_CUDA_H
 #define BATON_KERNELS_CUDA_BACKEND_CUDA_H
 

@@ -324,6 +324,17 @@ static void test_graph(void) {
     CHECK_OK(gpu->ops->embed(gpu, E, tok, B, x));
     CHECK(backend_cuda_graph_replay_end(gpu) == BATON_ERR_INVALID_ARG);
     CHECK_OK(gpu->ops->synchronize(gpu));
+    /* the first GEMM grows the activation scratch: stored graphs are dropped */
+    CHECK_OK(backend_cuda_graph_replay_begin(gpu, B));
+    backend_cuda_graph_abort(gpu);
+    float *big_x = gpu->ops->alloc(gpu, sizeof(float) * 4096 * d);
+    float *big_y = gpu->ops->alloc(gpu, sizeof(float) * 4096 * vocab);
+    CHECK_OK(gpu->ops->memset_zero(gpu, big_x, sizeof(float) * 4096 * d));
+    CHECK_OK(gpu->ops->matmul(gpu, E, NULL, big_x, big_y, 4096));
+    CHECK(backend_cuda_graph_replay_begin(gpu, B) == BATON_ERR_NOT_FOUND);
+    CHECK_OK(gpu->ops->synchronize(gpu));
+    gpu->ops->free(gpu, big_x);
+    gpu->ops->free(gpu, big_y);
     gpu->ops->free(gpu, kp); gpu->ops->free(gpu, vp); gpu->ops->free(gpu, x); gpu->ops->free(gpu, out);
     gpu->ops->weight_free(gpu, E);
     free(table);
