@@ -910,6 +910,16 @@ extern "C" baton_status_t backend_cuda_describe(backend_t *be, char *buf, size_t
     return BATON_OK;
 }
 
+extern "C" int backend_cuda_is_device_ptr(const void *ptr) {
+    if (!ptr) return 0;
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 extern "C" void *backend_cuda_host_alloc(size_t bytes) {
     void *p = NULL;
     cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);

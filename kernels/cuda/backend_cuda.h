@@ -81,6 +81,13 @@ baton_status_t backend_cuda_measure_copy(backend_t *be, size_t bytes, int32_t it
 /* Writes "<device name>, sm_XY, N SMs, M MiB" into buf. */
 baton_status_t backend_cuda_describe(backend_t *be, char *buf, size_t len);
 
+/* 1 when `ptr` is CUDA device memory (cudaPointerGetAttributes: a KV pool
+ * from ->alloc of the CUDA backend), 0 otherwise (host, pinned host, NULL,
+ * or no CUDA). The KV transfer uses it to register the pool with UCX as
+ * UCS_MEMORY_TYPE_CUDA, or to stage through pinned host buffers when its UCX
+ * lacks CUDA support. */
+int backend_cuda_is_device_ptr(const void *ptr);
+
 /* Pinned (page-locked) host memory, for staging KV blocks when the transport
  * cannot read device memory. NULL on failure (detail set). Free with
  * backend_cuda_host_free (NULL-safe). */

@@ -266,6 +266,11 @@ static void test_bad_input(void) {
     g.dtype = BACKEND_DTYPE_F32;
     CHECK(gpu->ops->kv_write(gpu, &g, pool, pool, 0, &ab, d, d) == BATON_ERR_INVALID_ARG);
     CHECK(backend_cuda_graph_replay_begin(gpu, 3) == BATON_ERR_NOT_FOUND);
+    CHECK(backend_cuda_is_device_ptr(pool) == 1);
+    CHECK(backend_cuda_is_device_ptr(host) == 0);
+    void *pinned = backend_cuda_host_alloc(4096);
+    CHECK(pinned != NULL && backend_cuda_is_device_ptr(pinned) == 0);
+    backend_cuda_host_free(pinned);
     CHECK_OK(gpu->ops->synchronize(gpu));
     gpu->ops->free(gpu, pool);
     gpu->ops->free(gpu, d);
