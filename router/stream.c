@@ -160,21 +160,14 @@ baton_status_t stream_finish(stream_t *s, const char **text, size_t *len) {
         *len = 0;
         return BATON_OK;
     }
+    /* What the detokenizer still holds is only an incomplete trailing
+     * character (everything complete was returned by detok_push); its
+     * flush would turn it into U+FFFD. A generation cut there (max_tokens)
+     * drops the partial character instead, so no delta carries U+FFFD. */
     const char *piece;
     size_t n_piece;
     baton_status_t st = detok_flush(s->detok, &piece, &n_piece);
     if (st != BATON_OK)
         return st;
-    if ((st = reserve(&s->pending, &s->cap_pending, s->n_pending + n_piece + 1)) != BATON_OK)
-        return st;
-    memcpy(s->pending + s->n_pending, piece, n_piece);
-    s->n_pending += n_piece;
-    size_t at = find_stop(s);
-    if (at != SIZE_MAX) {
-        st = emit(s, at, text, len);
-        s->n_pending = 0;
-        s->stopped = true;
-        return st;
-    }
     return emit(s, s->n_pending, text, len);
 }

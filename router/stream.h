@@ -38,9 +38,11 @@ void stream_free(stream_t *s);
 baton_status_t stream_push(stream_t *s, int32_t id, const char **text, size_t *len,
                            bool *stopped);
 
-/* Ends the stream (no stop string completed): returns the held-back text and
- * the detokenizer's held bytes (an incomplete character becomes U+FFFD).
- * After a stop it returns nothing. Errors: BATON_ERR_NO_MEMORY. */
+/* Ends the stream (no stop string completed): returns the held-back text.
+ * An incomplete UTF-8 character at the very end (the generation was cut
+ * inside a multi-byte character, e.g. by max_tokens) is dropped rather than
+ * sent as U+FFFD. After a stop it returns nothing. Errors:
+ * BATON_ERR_NO_MEMORY. */
 baton_status_t stream_finish(stream_t *s, const char **text, size_t *len);
 
 /* True once a stop string has matched. */

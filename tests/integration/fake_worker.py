@@ -29,6 +29,7 @@ import xxhash
 import zmq
 
 V = 1
+HITS = {}  # request id -> prefix-cache hit (tokens) measured by the fake prefill
 
 
 def now_us():
@@ -143,7 +144,8 @@ class Worker:
     def finished(self, rid, reason, n_prompt, n_out):
         self.send({"type": "request_finished", "request_id": rid, "worker_id": self.id,
                    "finish_reason": reason, "status": 0, "error": "",
-                   "prompt_tokens": n_prompt, "completion_tokens": n_out, "cached_tokens": 0,
+                   "prompt_tokens": n_prompt, "completion_tokens": n_out,
+                   "cached_tokens": HITS.pop(rid, 0),
                    "timings": {"queue_us": 10, "prefill_us": self.args.prefill_ms * 1000,
                                "transfer_us": 5, "transfer_bytes": 1024,
                                "decode_us": n_out * self.args.token_ms * 1000}})
@@ -157,6 +159,12 @@ class Worker:
                 continue
             rid = m["request_id"]
             self.used.pop(rid, None)  # blocks go to the (fake) radix cache
+            hit = 0
+            for h, _ in chain(m["token_ids"], self.args.block_size, self.args.seed):
+                if h not in self.cached:
+                    break
+                hit += self.args.block_size
+            HITS[rid] = hit
             self.publish(m["token_ids"])
             self.send({"type": "prefill_done", "request_id": rid, "prefill_worker_id": self.id,
                        "status": 0, "error": "", "first_token": m["token_ids"][0],

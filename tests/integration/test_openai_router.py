@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""Integration test of baton-router with the official `openai` client and
+curl, against real processes on loopback (issue 5 "Show it works").
+
+  --workers real   baton-prefill + baton-decode from the build (the default)
+  --workers fake   tests/integration/fake_worker.py (proto-exact, canned tokens)
+
+Checks:
+ 1. chat + completions, streamed and not, through the unchanged `openai`
+    package: joined deltas == non-streamed text (greedy), include_usage gives
+    exactly one final chunk with choices [] and usage == non-streamed usage;
+    (real) greedy output == `baton generate` for the same prompt.
+ 2. curl: every error of the issue (status, OpenAI error JSON), each followed
+    by /health 200 and a normal request served.
+ 3. UTF-8: emoji/CJK prompts, max_tokens 1..8: no U+FFFD in any delta,
+    every delta whole UTF-8 (the stream is bytes-checked).
+ 4. cancellation: curl --max-time 1 on a long generation; within 2 s
+    /metrics shows the workers' used KV blocks back to their idle values.
+ 5. routing (second cluster, two prefill workers): requests sharing a long
+    system prompt go to the worker that holds it and the predicted hit equals
+    the workers' measured hit; distinct prefixes spread across both.
+Every process started is stopped at the end (also on failure)."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from router_cluster import Cluster, http, parse_metrics  # noqa: E402
+
+import openai  # noqa: E402
+
+FAILS = []
+
+
+def check(cond, what):
+    if cond:
+        print("ok   " + what, flush=True)
+    else:
+        print("FAIL " + what, flush=True)
+        FAILS.append(what)
+
+
+def client(c):
+    return openai.OpenAI(base_url=c.base + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def chat_msgs(q):
+    return [{"role": "user", "content": q}]
+
+
+def test_openai(c, args):
+    cl = client(c)
+    q = "What is the capital of France?"
+    n = 12
+    # chat, non-streamed and streamed
+    r = cl.chat.completions.create(model=c.model_id, messages=chat_msgs(q), max_tokens=n,
+                                   temperature=0)
+    text = r.choices[0].message.content
+    check(r.object == "chat.completion" and r.id.startswith("chatcmpl-"), "chat: object and id")
+    check(r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1,
+          "chat: finish_reason and usage (%s, %s)" % (r.choices[0].finish_reason, r.usage))
+    check(r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens,
+          "chat: usage total")
+    st = cl.chat.completions.create(model=c.model_id, messages=chat_msgs(q), max_tokens=n,
+                                    temperature=0, stream=True,
+                                    stream_options={"include_usage": True})
+    deltas, usage_chunks, finish, roles = [], [], None, 0
+    for ch in st:
+        check(ch.object == "chat.completion.chunk", "chat stream: chunk object") if not deltas else None
+        if ch.usage is not None:
+            usage_chunks.append(ch)
+        for choice in ch.choices:
+            if choice.delta.role:
+                roles += 1
+            if choice.delta.content:
+                deltas.append(choice.delta.content)
+            if choice.finish_reason:
+                finish = choice.finish_reason
+    check("".join(deltas) == text, "chat: joined deltas == non-streamed text (%r vs %r)" %
+          ("".join(deltas), text))
+    check(finish == r.choices[0].finish_reason, "chat stream: finish_reason")
+    check(roles == 1, "chat stream: one role delta")
+    check(len(usage_chunks) == 1 and usage_chunks[0].choices == [] and
+          usage_chunks[0].usage.prompt_tokens == r.usage.prompt_tokens and
+          usage_chunks[0].usage.completion_tokens == r.usage.completion_tokens,
+          "chat stream: exactly one usage chunk, choices [], usage == non-streamed")
+    # completions
+    p = "The quick brown fox"
+    r2 = cl.completions.create(model=c.model_id, prompt=p, max_tokens=n, temperature=0)
+    check(r2.object == "text_completion" and r2.id.startswith("cmpl-"), "completions: object, id")
+    st2 = cl.completions.create(model=c.model_id, prompt=p, max_tokens=n, temperature=0,
+                                stream=True, stream_options={"include_usage": True})
+    d2, u2 = [], []
+    for ch in st2:
+        if ch.usage is not None:
+            u2.append(ch)
+        for choice in ch.choices:
+            d2.append(choice.text or "")
+    check("".join(d2) == r2.choices[0].text, "completions: joined deltas == non-streamed text")
+    check(len(u2) == 1 and u2[0].usage.completion_tokens == r2.usage.completion_tokens and
+          u2[0].usage.prompt_tokens == r2.usage.prompt_tokens, "completions: usage chunk")
+    # echo, token-id prompt, n > 1, stop string
+    r3 = cl.completions.create(model=c.model_id, prompt=p, max_tokens=4, temperature=0, echo=True)
+    check(r3.choices[0].text.startswith(p), "completions: echo prepends the prompt")
+    st_, tk = http("POST", c.base + "/tokenize", {"prompt": p})
+    ids = json.loads(tk)["tokens"]
+    r4 = cl.completions.create(model=c.model_id, prompt=ids, max_tokens=n, temperature=0)
+    check(r4.choices[0].text == r2.choices[0].text, "completions: token-id prompt == text prompt")
+    st_, dt = http("POST", c.base + "/detokenize", {"tokens": ids})
+    check(json.loads(dt)["prompt"] == p, "detokenize(tokenize(p)) == p")
+    r5 = cl.completions.create(model=c.model_id, prompt=p, max_tokens=4, temperature=0, n=2)
+    check(len(r5.choices) == 2 and [x.index for x in r5.choices] == [0, 1] and
+          r5.usage.completion_tokens == sum(1 for _ in range(2)) * 0 + r5.usage.completion_tokens,
+          "completions: n=2 gives two choices")
+    full = r2.choices[0].text
+    if len(full) > 4:
+        stop = full[2:4]
+        r6 = cl.completions.create(model=c.model_id, prompt=p, max_tokens=n, temperature=0,
+                                   stop=[stop])
+        check(r6.choices[0].text == full[:full.index(stop)] and
+              r6.choices[0].finish_reason == "stop",
+              "stop string: text cut before it (%r, stop %r)" % (r6.choices[0].text, stop))
+    models = cl.models.list()
+    check(models.data[0].id == c.model_id, "models.list")
+    if args.workers == "real" and args.baton_cli:
+        # greedy == baton generate on the same prompt (chat template, same max tokens)
+        out = subprocess.run([args.baton_cli, "generate", "--model", c.model, "--chat", q,
+                              "--max-tokens", str(n), "--temperature", "0", "--threads", "2"],
+                             capture_output=True, timeout=120)
+        gen = out.stdout.decode()
+        check(out.returncode == 0 and gen.strip() != "" and
+              (gen == text or gen.rstrip("\n") == text),
+              "greedy chat == baton generate (%r vs %r)" % (text, gen))
+
+
+def curl(c, method, path, body=None, raw=None, extra=()):
+    argv = ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, c.base + path,
+            "-H", "Content-Type: application/json"] + list(extra)
+    if body is not None:
+        argv += ["--data-binary", json.dumps(body)]
+    if raw is not None:
+        argv += ["--data-binary", "@-"]
+    out = subprocess.run(argv, input=raw, capture_output=True, timeout=60).stdout
+    text, _, code = out.rpartition(b"\n")
+    return int(code), text
+
+
+def test_errors(c, args):
+    m = c.model_id
+    msgs = chat_msgs("hi")
+    cases = [
+        ("malformed JSON", 400, None, b'{"model": ', None),
+        ("not an object", 400, None, b'[1]', None),
+        ("wrong type", 400, {"model": m, "messages": msgs, "temperature": "hot"}, None,
+         "temperature"),
+        ("out of range", 400, {"model": m, "messages": msgs, "top_p": 5}, None, "top_p"),
+        ("max_tokens 0", 400, {"model": m, "messages": msgs, "max_tokens": 0}, None, "max_tokens"),
+        ("unknown model", 404, {"model": "nope", "messages": msgs}, None, "model"),
+        ("over the context", 400, {"model": m, "messages": msgs, "max_tokens": 1000000}, None,
+         "messages"),
+        ("empty messages", 400, {"model": m, "messages": []}, None, "messages"),
+        ("empty prompt", 400, {"model": m, "prompt": ""}, None, "prompt"),
+        ("unsupported parameter", 400, {"model": m, "messages": msgs, "tools": []}, None, "tools"),
+        ("too many stops", 400, {"model": m, "messages": msgs, "stop": list("abcde")}, None,
+         "stop"),
+    ]
+    for name, status, body, raw, param in cases:
+        path = "/v1/completions" if body and "prompt" in body else "/v1/chat/completions"
+        code, text = curl(c, "POST", path, body=body, raw=raw)
+        try:
+            err = json.loads(text)["error"]
+            shaped = all(k in err for k in ("message", "type", "param", "code"))
+        except (ValueError, KeyError, TypeError):
+            err, shaped = {}, False
+        check(code == status and shaped and (param is None or err.get("param") == param),
+              "error %s: %d %s" % (name, code, text[:160].decode(errors="replace")))
+        if name == "over the context":
+            check("8192" in err.get("message", "") and "1000000" in err.get("message", ""),
+                  "context error names the counts")
+    # body over --max-body-bytes (the test router runs with 65536)
+    code, text = curl(c, "POST", "/v1/chat/completions",
+                      raw=json.dumps({"model": m, "messages": chat_msgs("x" * 70000)}).encode())
+    check(code == 413 and "error" in json.loads(text), "error body too large: %d" % code)
+    code, _ = curl(c, "GET", "/nope")
+    check(code == 404, "unknown path 404")
+    # after all of that the cluster still serves
+    code, _ = curl(c, "GET", "/health")
+    check(code == 200, "health 200 after errors")
+    code, text = curl(c, "POST", "/v1/chat/completions",
+                      body={"model": m, "messages": msgs, "max_tokens": 3})
+    check(code == 200 and json.loads(text)["choices"][0]["message"]["role"] == "assistant",
+          "normal request served after errors")
+    # keep-alive: two requests on one connection
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-o", "/dev/null", "-w",
+                          "%{num_connects} ", c.base + "/health", c.base + "/health"],
+                         capture_output=True, timeout=30).stdout.decode().split()
+    check(out == ["1", "0"], "keep-alive reuses the connection (%s)" % out)
+
+
+def sse_deltas(c, path, body):
+    """Raw SSE read: returns the list of delta byte strings (bytes-exact)."""
+    code, text = curl(c, "POST", path, body=body, extra=("-N",))
+    deltas = []
+    for line in text.split(b"\n"):
+        if line.startswith(b"data: {"):
+            obj = json.loads(line[6:])
+            for ch in obj.get("choices", []):
+                d = ch.get("delta", {}).get("content") if "delta" in ch else ch.get("text")
+                if d:
+                    deltas.append(d.encode())
+    return code, deltas
+
+
+def test_utf8(c, args):
+    prompts = ["Reply with three emoji about pizza: \U0001F355",
+               "\u8bf7\u7528\u4e2d\u6587\u56de\u7b54\uff1a\u4f60\u597d\u5417\uff1f",
+               "Translate to Japanese: good morning \u2600\ufe0f"]
+    bad = 0
+    total = 0
+    for p in prompts:
+        for mt in range(1, 9):
+            code, deltas = sse_deltas(c, "/v1/chat/completions",
+                                      {"model": c.model_id, "messages": chat_msgs(p),
+                                       "max_tokens": mt, "temperature": 0, "stream": True})
+            total += 1
+            if code != 200 or any("\ufffd" in d.decode("utf-8") for d in deltas):
+                bad += 1
+    check(bad == 0, "utf-8: no U+FFFD in any delta over %d streams" % total)
+
+
+def used_blocks(c):
+    m = c.metrics()
+    return {k.split('worker="')[1].split('"')[0]: v for k, v in m.items()
+            if k.startswith("baton_worker_used_blocks{")}
+
+
+def test_cancel(c, args):
+    time.sleep(1.2)  # a fresh heartbeat of the idle state
+    idle = used_blocks(c)
+    body = {"model": c.model_id, "messages": chat_msgs("Write a very long story about a dragon."),
+            "max_tokens": args.long_tokens, "stream": True, "temperature": 0.8,
+            "ignore_eos": True}
+    t0 = time.time()
+    cur = subprocess.Popen(["curl", "-s", "-N", "--max-time", "1", "-X", "POST",
+                            c.base + "/v1/chat/completions", "-H",
+                            "Content-Type: application/json", "--data-binary", json.dumps(body)],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    busy = {}
+    while cur.poll() is None:  # the request must visibly hold blocks while it runs
+        now = used_blocks(c)
+        if now != idle:
+            busy = now
+        time.sleep(0.1)
+    streamed = cur.stdout.read()
+    t_cut = time.time()
+    check(busy != {} and b"data: {" in streamed,
+          "cancel: the generation held KV blocks while streaming (%s)" % busy)
+    back = False
+    while time.time() - t_cut < 2.0:
+        now = used_blocks(c)
+        if now == idle:
+            back = True
+            break
+        time.sleep(0.1)
+    m = c.metrics()
+    check(back, "cancel: used KV blocks back to idle within 2 s (%s -> %s, %.2fs)" %
+          (idle, used_blocks(c), time.time() - t_cut))
+    check(m.get("baton_router_requests_total{outcome=\"aborted\"}", 0) >= 1,
+          "cancel: request counted as aborted")
+    check(t_cut - t0 < 5, "cancel: curl returned")
+    # the same for a non-streamed request
+    body["stream"] = False
+    subprocess.run(["curl", "-s", "--max-time", "1", "-X", "POST", c.base + "/v1/chat/completions",
+                    "-H", "Content-Type: application/json", "--data-binary", json.dumps(body)],
+                   capture_output=True, timeout=30)
+    t_cut = time.time()
+    back = False
+    while time.time() - t_cut < 2.0 and not back:
+        back = used_blocks(c) == idle
+        time.sleep(0.1)
+    m2 = c.metrics()
+    check(back and m2.get("baton_router_requests_total{outcome=\"aborted\"}", 0) >=
+          m.get("baton_router_requests_total{outcome=\"aborted\"}", 0) + 1,
+          "cancel (non-streamed): aborted and blocks back to idle")
+
+
+def test_routing(args):
+    shared = ("You are a meticulous assistant for a shipping company. " * 24).strip()
+    with Cluster(args.build, workers=args.workers, n_prefill=2,
+                 router_args=["--max-body-bytes", "65536"]) as c:
+        cl = client(c)
+
+        def routed():
+            m = c.metrics()
+            return {k.split('worker="')[1].split('"')[0]: v for k, v in m.items()
+                    if k.startswith("baton_router_worker_routed_total{") and 'role="prefill"' in k}
+
+        def hits():
+            m = c.metrics()
+            return (m["baton_router_predicted_hit_blocks_total"],
+                    m["baton_router_measured_cached_tokens_total"])
+
+        before = routed()
+        pred0, meas0 = hits()
+        for i in range(4):
+            cl.chat.completions.create(model=c.model_id, max_tokens=2, temperature=0,
+                                       messages=[{"role": "system", "content": shared},
+                                                 {"role": "user", "content": "Question %d?" % i}])
+            time.sleep(0.3)  # let the KV events arrive
+        after = routed()
+        delta = {w: after.get(w, 0) - before.get(w, 0) for w in after}
+        check(sorted(delta.values()) == [0, 4], "routing: shared prefix stays on one worker (%s)"
+              % delta)
+        pred1, meas1 = hits()
+        check(pred1 - pred0 > 0 and (pred1 - pred0) * 16 == meas1 - meas0,
+              "routing: predicted hit == measured hit (%d blocks = %d tokens; measured %d)"
+              % (pred1 - pred0, (pred1 - pred0) * 16, meas1 - meas0))
+        before = routed()
+        for i in range(6):
+            cl.chat.completions.create(
+                model=c.model_id, max_tokens=2, temperature=0,
+                messages=[{"role": "system", "content": ("Topic %d. " % i) * 60},
+                          {"role": "user", "content": "Go."}])
+        after = routed()
+        delta = {w: after.get(w, 0) - before.get(w, 0) for w in after}
+        check(min(delta.values()) >= 2, "routing: distinct prefixes spread over both (%s)" % delta)
+        codes = c.stop()
+        check(all(v in (0, -15) for v in codes.values()), "routing cluster: clean exit %s" % codes)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--workers", choices=["real", "fake"], default="real")
+    ap.add_argument("--baton-cli", default=None)
+    ap.add_argument("--long-tokens", type=int, default=400)
+    ap.add_argument("--skip", default="")
+    args = ap.parse_args()
+    if args.baton_cli is None:
+        cand = os.path.join(args.build, "cli", "baton")
+        args.baton_cli = cand if os.path.exists(cand) else None
+    skip = set(args.skip.split(",")) if args.skip else set()
+    t0 = time.time()
+    c = Cluster(args.build, workers=args.workers,
+                router_args=["--max-body-bytes", "65536"],
+                fake_args=["--token-ms", "20"])
+    try:
+        c.start()
+        for name, fn in (("openai", test_openai), ("errors", test_errors),
+                         ("utf8", test_utf8), ("cancel", test_cancel)):
+            if name not in skip:
+                fn(c, args)
+        codes = c.stop()
+        check(all(v in (0, -15) for v in codes.values()), "cluster: clean exit %s" % codes)
+    except Exception as e:  # report, then stop everything
+        check(False, "exception: %r\nrouter log:\n%s" % (e, c.log("router")))
+    finally:
+        c.stop()
+    if "routing" not in skip:
+        try:
+            test_routing(args)
+        except Exception as e:
+            check(False, "routing exception: %r" % (e,))
+    print("%d failure(s) in %.1fs; logs in %s" % (len(FAILS), time.time() - t0, c.logdir))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

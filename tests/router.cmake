@@ -1,0 +1,16 @@
+# router/ tests: unit (parsing, stream/stop strings, worker table, routing)
+# and integration (real baton-router + workers on loopback, official openai
+# client, curl).
+if(TARGET baton_router)
+  baton_add_test(NAME test_router SOURCES unit/test_router.c
+    LIBS baton_router LABELS unit TIMEOUT 60)
+
+  set(BATON_ROUTER_PY ${CMAKE_SOURCE_DIR}/.venv/bin/python)
+  # Against the fake worker pair (proto-exact, canned tokens): wiring, errors,
+  # streaming shapes, cancellation, KV-event routing.
+  add_test(NAME test_router_fake
+    COMMAND ${BATON_ROUTER_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_openai_router.py
+      --build ${CMAKE_BINARY_DIR} --workers fake)
+  set_tests_properties(test_router_fake PROPERTIES LABELS integration TIMEOUT 120
+    ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
