@@ -722,21 +722,33 @@ baton_status_t decode_sched_step(decode_sched_t *s, int32_t *n_seqs_out) {
 bool decode_sched_has_work(const decode_sched_t *s) {
     if (!s) return false;
     int32_t free_blocks = kv_pool_n_free(s->pool);
+    int32_t n_running = n_in_state(s, DECODE_SCHED_STATE_RUNNING);
+    bool preempted_waiting = false, queue_head_seen = false;
     for (int32_t i = 0; i < s->n_seqs; i++) {
         const seq_t *q = s->seqs[i];
         switch (q->state) {
-        case DECODE_SCHED_STATE_READY:
         case DECODE_SCHED_STATE_RUNNING:
             return true;
-        case DECODE_SCHED_STATE_PREEMPTED:
-            if (ceil_div((int64_t)q->n_prompt + q->n_gen, s->block_size) <= free_blocks) return true;
+        case DECODE_SCHED_STATE_READY:
+            if (n_running < s->cfg.max_batch) return true;
             break;
-        case DECODE_SCHED_STATE_QUEUED:
-            if (q->want_blocks <= free_blocks) return true;
+        case DECODE_SCHED_STATE_PREEMPTED:
+            /* mirrors resume_preempted: oldest first, a batch slot needed */
+            if (!preempted_waiting && n_running < s->cfg.max_batch &&
+                ceil_div((int64_t)q->n_prompt + q->n_gen, s->block_size) <= free_blocks)
+                return true;
+            preempted_waiting = true;
             break;
         default:
             break;
         }
+    }
+    if (preempted_waiting) return false; /* admit_queued waits for them */
+    for (int32_t i = 0; i < s->n_seqs && !queue_head_seen; i++) {
+        const seq_t *q = s->seqs[i];
+        if (q->state != DECODE_SCHED_STATE_QUEUED) continue;
+        queue_head_seen = true; /* strict FIFO: only the head can be admitted */
+        if (q->want_blocks <= free_blocks) return true;
     }
     return false;
 }

@@ -250,8 +250,10 @@ baton_status_t decode_sched_abort(decode_sched_t *s, const uint8_t *request_id);
  * after the hooks ran. BATON_ERR_INVALID_ARG for NULL. */
 baton_status_t decode_sched_step(decode_sched_t *s, int32_t *n_seqs_out);
 
-/* True when a step would do something now: READY/RUNNING sequences, or
- * PREEMPTED/QUEUED ones that the free blocks can take. */
+/* True when a step would do something now: RUNNING sequences, READY ones
+ * with a batch slot, the oldest PREEMPTED one when the free blocks and a
+ * slot can take it, or (no preempted one waiting) the QUEUED head when the
+ * free blocks cover its reservation. */
 bool decode_sched_has_work(const decode_sched_t *s);
 
 /* Microseconds until the earliest prefill timeout (0 when passed), -1 when

@@ -493,7 +493,9 @@ static void on_step(evutil_socket_t fd, short ev, void *arg) {
     /* drain the sockets between steps (their fds are edge-like) */
     if (proto_chan_readable(w->router)) drain(w, w->router);
     if (proto_chan_readable(w->peer_router)) drain(w, w->peer_router);
-    schedule_step(w);
+    /* a step that ran nothing waits for the next input or deadline, so the
+     * loop never spins on work it cannot do yet */
+    if (n > 0) schedule_step(w);
 }
 
 static void on_deadline(evutil_socket_t fd, short ev, void *arg) {

@@ -618,6 +618,32 @@ static void test_adopt(void) {
     harness_free(&h);
 }
 
+/* --max-batch: READY sequences wait for a slot; tokens unchanged. */
+static void test_max_batch(void) {
+    harness_t h;
+    decode_sched_config_t cfg = decode_sched_config_default();
+    cfg.max_batch = 2;
+    CHECK_OK(harness_init(&h, 32, 16, &cfg));
+    for (int i = 0; i < 4; i++) {
+        make_req(&h.r[i], 80 + i, 6 + 5 * i, (uint32_t)i + 40);
+        CHECK_OK(submit(&h, &h.r[i], 6 + i, true, NULL, 0, true));
+        prefill_and_done(&h, &h.r[i]);
+    }
+    int32_t n = 0;
+    CHECK_OK(decode_sched_step(h.s, &n));
+    CHECK_EQ_INT(n, 2);
+    decode_sched_stats_t st;
+    decode_sched_get_stats(h.s, &st);
+    CHECK_EQ_INT(st.n_running, 2);
+    CHECK_EQ_INT(st.n_ready, 2);
+    CHECK(st.batch_occupancy == 1.0f);
+    CHECK_EQ_INT(h.r[2].n_out, 0);
+    run_until_idle(&h);
+    for (int i = 0; i < 4; i++) check_ref(&h.r[i], 6 + i, "max_batch");
+    CHECK_EQ_INT(kv_pool_n_used(h.pool), 0);
+    harness_free(&h);
+}
+
 static void test_bad_args(void) {
     harness_t h;
     decode_sched_config_t cfg = decode_sched_config_default();
@@ -657,6 +683,7 @@ int main(void) {
     test_refusal_and_queueing();
     test_abort_and_prefill_errors();
     test_adopt();
+    test_max_batch();
     test_bad_args();
     model_free(g_model);
     backend_free(g_be);
