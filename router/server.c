@@ -1233,8 +1233,14 @@ static void handle_generate(router_server_t *srv, struct evhttp_request *req, ht
         }
     }
     c->conn = evhttp_request_get_connection(req);
-    if (c->conn)
+    if (c->conn) {
         evhttp_connection_set_closecb(c->conn, on_conn_close, c);
+        /* evhttp stops reading once a request is parsed; read again so that
+         * a client closing before the reply (EOF) is noticed and aborted */
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(c->conn);
+        if (bev)
+            bufferevent_enable(bev, EV_READ);
+    }
     return;
 
 reject_dispatched:
