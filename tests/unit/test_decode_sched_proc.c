@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -144,6 +145,7 @@ int main(void) {
 
     pid_t pid = fork();
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
         execl(bin, bin, "--router", rep, "--model", model_path, "--worker-id", WID, "--threads", "1",
               "--kv-blocks", "12", "--block-size", "16", "--heartbeat-ms", "50", "--hash-seed",
               "0x1234", (char *)NULL);
