@@ -115,6 +115,11 @@ def metrics_delta_summary(before, after, tenant: str) -> dict:
         c = _delta(before, after, "baton_router_stage_seconds_count", (("stage", s),))
         stages[s] = su / c * 1000.0 if c and su is not None else NOT_REPORTED
     out["stage_mean_ms"] = stages
+    for key, name, labels in (("requests_ok", "baton_router_requests_total", (("outcome", "ok"),)),
+                              ("prompt_tokens", "baton_router_prompt_tokens_total", ()),
+                              ("completion_tokens", "baton_router_completion_tokens_total", ())):
+        v = _delta(before, after, name, labels)
+        out[f"server_{key}"] = v if v is not None else NOT_REPORTED
     tb = _delta(before, after, "baton_router_transfer_bytes_total")
     out["transfer_bytes"] = tb if tb is not None else NOT_REPORTED
     ten = {}
