@@ -25,6 +25,7 @@
 
 #include "common/chat_template.h"
 #include "common/gguf.h"
+#include "common/kv_pool.h"
 #include "common/model.h"
 #include "common/sampling.h"
 #include "common/tokenizer.h"
@@ -264,7 +265,10 @@ static int cmd_generate(int argc, char **argv) {
     sampler_t *smp = NULL;
     detok_t *dt = NULL;
     float *logits = NULL;
-    int32_t *seq = NULL, *blocks = NULL;
+    int32_t *seq = NULL;
+    kv_pool_t *pool = NULL;
+    kv_block_table_t table;
+    kv_block_table_init(&table);
     model_kv_t kv = {0};
     if (n_prompt == 0) {
         fprintf(stderr, "baton: error: the prompt encodes to no tokens\n");
@@ -293,16 +297,18 @@ static int cmd_generate(int argc, char **argv) {
     const int32_t n_blocks = (int32_t)((total + KV_BLOCK_SIZE - 1) / KV_BLOCK_SIZE);
     logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
     seq = malloc(sizeof(int32_t) * (size_t)(total + 1));
-    blocks = malloc(sizeof(int32_t) * (size_t)n_blocks);
-    if (!logits || !seq || !blocks) {
+    if (!logits || !seq) {
         fprintf(stderr, "baton: error: out of memory\n");
         goto out;
     }
-    for (int32_t i = 0; i < n_blocks; i++) blocks[i] = i;
-    if ((st = model_kv_alloc(e.model, n_blocks, KV_BLOCK_SIZE, &kv)) != BATON_OK) {
+    /* a pool just big enough for this request; the sequence's block table
+     * grows with it (kv_block_table_reserve) */
+    backend_kv_geom_t geom = model_kv_geom(e.model, n_blocks, KV_BLOCK_SIZE);
+    if ((st = kv_pool_init(e.be, &geom, &pool)) != BATON_OK) {
         fail(st, "KV cache");
         goto out;
     }
+    kv = (model_kv_t){*kv_pool_geom(pool), kv_pool_k_base(pool), kv_pool_v_base(pool)};
     memcpy(seq, prompt, sizeof(int32_t) * n_prompt);
     for (size_t i = 0; i < n_prompt; i++) sampler_accept(smp, prompt[i]);
 
@@ -311,7 +317,11 @@ static int cmd_generate(int argc, char **argv) {
     double t_pf = now_s();
     for (int64_t pos = 0; pos < (int64_t)n_prompt; pos += chunk) {
         int32_t n = (int32_t)((int64_t)n_prompt - pos < chunk ? (int64_t)n_prompt - pos : chunk);
-        model_seq_t q = {seq + pos, n, (int32_t)pos, blocks, n_blocks,
+        if ((st = kv_block_table_reserve(&table, pool, (int32_t)pos + n)) != BATON_OK) {
+            fail(st, "KV blocks");
+            goto out;
+        }
+        model_seq_t q = {seq + pos, n, (int32_t)pos, table.blocks, table.n_blocks,
                          pos + n == (int64_t)n_prompt ? MODEL_LOGITS_LAST : MODEL_LOGITS_NONE};
         model_batch_t b = {&q, 1};
         if ((st = model_forward(e.model, &kv, &b, logits)) != BATON_OK) {
@@ -341,7 +351,11 @@ static int cmd_generate(int argc, char **argv) {
             fflush(stdout);
         }
         if (n_gen == max_new) break;
-        model_seq_t q = {seq + pos, 1, (int32_t)pos, blocks, n_blocks, MODEL_LOGITS_LAST};
+        if ((st = kv_block_table_reserve(&table, pool, (int32_t)pos + 1)) != BATON_OK) {
+            fail(st, "KV blocks");
+            goto out;
+        }
+        model_seq_t q = {seq + pos, 1, (int32_t)pos, table.blocks, table.n_blocks, MODEL_LOGITS_LAST};
         model_batch_t b = {&q, 1};
         if ((st = model_forward(e.model, &kv, &b, logits)) != BATON_OK) {
             fail(st, "decode");
@@ -368,8 +382,8 @@ static int cmd_generate(int argc, char **argv) {
             n_gen > 0 ? n_gen / (t_dec > 0 ? t_dec : 1e-9) : 0.0, model_backend(e.model)->ops->name);
     rc = 0;
 out:
-    model_kv_free(e.model, &kv);
-    free(blocks);
+    kv_block_table_release(&table, pool);
+    kv_pool_free(pool);
     free(seq);
     free(logits);
     detok_free(dt);
