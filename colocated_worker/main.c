@@ -348,6 +348,7 @@ typedef struct worker {
     colo_req_t **reqs;
     size_t n_reqs, cap_reqs;
     uint64_t next_heartbeat_us;
+    uint64_t n_heartbeats;
     uint64_t sends_failed;
 } worker_t;
 
@@ -851,6 +852,10 @@ static int worker_run(worker_t *w) {
         proto_chan_drain(w->peer, on_peer_msg, w, 256, NULL);
         uint64_t now = now_us();
         if (now >= w->next_heartbeat_us) {
+            /* re-register every 10 heartbeats so a restarted router learns
+             * this worker again (the decode worker does the same) */
+            if (++w->n_heartbeats % 10 == 0 && send_register(w) != BATON_OK)
+                LOG_WARN(COMP, "WorkerRegister: %s", baton_last_error());
             send_heartbeat(w);
             w->next_heartbeat_us = now + HEARTBEAT_US;
         }

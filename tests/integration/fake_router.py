@@ -427,7 +427,7 @@ class Procs:
         return codes
 
 
-def reference_generate(prompts, max_tokens, parallel=2, timeout=120):
+def reference_generate(prompts, max_tokens, parallel=2, timeout=400):
     """Greedy tokens of `baton generate --print-ids --ignore-eos` (the
     single-sequence engine) for each prompt text: a list of
     (prompt_ids, generated_ids)."""
