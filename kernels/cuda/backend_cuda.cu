@@ -568,17 +568,20 @@ static baton_status_t cuda_attention_op(backend_t *be, const backend_kv_geom_t *
                                      (const __nv_bfloat16 *)v_pool, layer, &m, q, out, n_heads,
                                      splits, chunk);
     }
+    const int tc = c->prefill_tc && cuda_prefill_tc_supported(c, g->head_dim);
+    const int32_t tq = tc ? CUDA_PREFILL_TC_TILE_Q : CUDA_PREFILL_TILE_Q;
+    cuda_sig_mix(c, (uint64_t)tq);
     int32_t n_tiles = 0;
     for (int32_t s = 0; s < b->n_seqs; s++)
-        n_tiles += (b->seq_n_tok[s] + CUDA_PREFILL_TILE_Q - 1) / CUDA_PREFILL_TILE_Q;
+        n_tiles += (b->seq_n_tok[s] + tq - 1) / tq;
     int32_t *tiles = (int32_t *)malloc((size_t)n_tiles * 3 * sizeof(int32_t) + 1);
     if (!tiles) return baton_error(BATON_ERR_NO_MEMORY, "cuda attention: %d tiles", n_tiles);
     int32_t i = 0;
     for (int32_t s = 0; s < b->n_seqs; s++)
-        for (int32_t f = 0; f < b->seq_n_tok[s]; f += CUDA_PREFILL_TILE_Q) {
+        for (int32_t f = 0; f < b->seq_n_tok[s]; f += tq) {
             int32_t rest = b->seq_n_tok[s] - f;
             tiles[3 * i] = b->seq_first_tok[s] + f;
-            tiles[3 * i + 1] = rest < CUDA_PREFILL_TILE_Q ? rest : CUDA_PREFILL_TILE_Q;
+            tiles[3 * i + 1] = rest < tq ? rest : tq;
             tiles[3 * i + 2] = s;
             i++;
         }
@@ -587,6 +590,10 @@ static baton_status_t cuda_attention_op(backend_t *be, const backend_kv_geom_t *
     st = cuda_meta_put(c, tiles, (size_t)n_tiles * 3 * sizeof(int32_t), &d_tiles);
     free(tiles);
     if (st != BATON_OK || !cuda_should_launch(c)) return st;
+    if (tc)
+        return cuda_attention_prefill_tc(c, g, (const __nv_bfloat16 *)k_pool,
+                                         (const __nv_bfloat16 *)v_pool, layer, &m,
+                                         (const int32_t *)d_tiles, n_tiles, q, out, n_heads);
     return cuda_attention_prefill(c, g, (const __nv_bfloat16 *)k_pool,
                                   (const __nv_bfloat16 *)v_pool, layer, &m,
                                   (const int32_t *)d_tiles, n_tiles, q, out, n_heads);
@@ -642,6 +649,8 @@ static baton_status_t ctx_init(cuda_ctx_t *c, int device) {
     baton_status_t st = meta_grow(c, 2 * META_HALF_INIT);
     if (st != BATON_OK) return st;
     for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) c->graphs[i].key = -1;
+    const char *pk = getenv("BATON_CUDA_PREFILL_ATTN");
+    c->prefill_tc = pk && strcmp(pk, "tc") == 0;
     return BATON_OK;
 }
 
@@ -786,6 +795,15 @@ extern "C" void backend_cuda_graph_abort(backend_t *be) {
     c->mode = CUDA_MODE_EAGER;
     c->graph_pending = 1;
     cudaEventRecord(c->graph_done, c->stream);
+}
+
+extern "C" baton_status_t backend_cuda_set_prefill_attention(backend_t *be, int tensor_cores) {
+    cuda_ctx_t *c;
+    baton_status_t st = cuda_ctx_of(be, &c);
+    if (st != BATON_OK) return st;
+    NEED(c->mode == CUDA_MODE_EAGER, "cuda: prefill kernel choice during graph capture/replay");
+    c->prefill_tc = tensor_cores != 0;
+    return BATON_OK;
 }
 
 extern "C" baton_status_t backend_cuda_weight_random(backend_t *be, int64_t rows, int64_t cols,

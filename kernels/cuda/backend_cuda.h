@@ -56,6 +56,14 @@ baton_status_t backend_cuda_graph_replay_end(backend_t *be);
 /* Abandons a capture or replay in progress (after an op failed). */
 void backend_cuda_graph_abort(backend_t *be);
 
+/* Chooses the prefill attention kernel (steps where some sequence has more
+ * than one token): 0 = SIMT flash kernel (fp32 math, any head_dim <= 256;
+ * the default), 1 = tensor-core flash kernel (bf16 WMMA, fp32 accumulate;
+ * head_dim 64 or 128, else the SIMT kernel is used). The environment
+ * variable BATON_CUDA_PREFILL_ATTN=tc selects 1 at backend creation.
+ * Decode steps always use the split-K decode kernel. */
+baton_status_t backend_cuda_set_prefill_attention(backend_t *be, int tensor_cores);
+
 /* Creates a bf16 weight [rows, cols] filled on the device with uniform
  * values in (-scale, scale) from `seed` (benchmarks, random models: no host
  * copy). Free with be->ops->weight_free. */

@@ -43,6 +43,9 @@ void *backend_cuda_host_alloc(size_t bytes) {
 }
 void backend_cuda_host_free(void *ptr) {}
 int backend_cuda_is_device_ptr(const void *ptr) { return 0; }
+baton_status_t backend_cuda_set_prefill_attention(backend_t *be, int tensor_cores) {
+    return absent();
+}
 baton_status_t cuda_sample_greedy(backend_t *be, const float *logits, int32_t n, int32_t vocab,
                                   int32_t *out_ids) {
     return absent();

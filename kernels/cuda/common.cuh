@@ -106,6 +106,7 @@ typedef struct cuda_ctx {
     int recent_next;
     uint64_t meta_gen;
 
+    int prefill_tc;         /* 1: tensor-core prefill attention where supported */
     int mode;
     int32_t graph_key;
     uint64_t signature;
@@ -212,6 +213,15 @@ baton_status_t cuda_attention_prefill(cuda_ctx_t *c, const backend_kv_geom_t *g,
                                       int32_t n_tiles, const float *d_q, float *d_out,
                                       int32_t n_heads);
 #define CUDA_PREFILL_TILE_Q 32
+/* Tensor-core (WMMA bf16) variant: head_dim 64 or 128, 64-query tiles. */
+#define CUDA_PREFILL_TC_TILE_Q 64
+int cuda_prefill_tc_supported(const cuda_ctx_t *c, int32_t head_dim);
+baton_status_t cuda_attention_prefill_tc(cuda_ctx_t *c, const backend_kv_geom_t *g,
+                                         const __nv_bfloat16 *d_k_pool,
+                                         const __nv_bfloat16 *d_v_pool, int32_t layer,
+                                         const cuda_attn_meta_t *m, const int32_t *d_tiles,
+                                         int32_t n_tiles, const float *d_q, float *d_out,
+                                         int32_t n_heads);
 
 /* attention_decode.cu: one query per token, keys split in n_splits chunks of
  * chunk positions each. */

@@ -243,19 +243,24 @@ int main(int argc, char **argv) {
         backend_attn_batch_t b = {.n_tokens = T, .n_seqs = 1, .tok_seq = seq, .tok_pos = pos,
                                   .seq_first_tok = &first, .seq_n_tok = &cnt, .seq_n_ctx = &nctx,
                                   .block_tables = bt, .max_blocks = blocks_per_seq};
-        forward(&m, tok, &b, &last); /* warm-up: sizes scratch, loads kernels */
-        TRY(cuda_sample_greedy(be, m.logits, 1, c.vocab, &id));
-        const int reps = 3;
-        t0 = now_s();
-        for (int r = 0; r < reps; r++) {
-            forward(&m, tok, &b, &last);
-            TRY(cuda_sample_greedy(be, m.logits, 1, c.vocab, &id));
-        }
-        double dt = (now_s() - t0) / reps;
         double flops = 2.0 * T * layer_params(&c) * c.layers + 2.0 * c.vocab * c.hidden +
                        4.0 * c.layers * c.heads * c.head_dim * ((double)T * (T + 1) / 2);
-        printf("prefill %d tokens: %.1f ms, %.0f tokens/s, %.1f TFLOP/s = %.2f of cuBLAS GEMM rate\n",
-               T, dt * 1e3, T / dt, flops / dt / 1e12, flops / dt / 1e12 / peak);
+        for (int tc = 0; tc < 2; tc++) {
+            TRY(backend_cuda_set_prefill_attention(be, tc));
+            forward(&m, tok, &b, &last); /* warm-up: sizes scratch, loads kernels */
+            TRY(cuda_sample_greedy(be, m.logits, 1, c.vocab, &id));
+            const int reps = 3;
+            t0 = now_s();
+            for (int r = 0; r < reps; r++) {
+                forward(&m, tok, &b, &last);
+                TRY(cuda_sample_greedy(be, m.logits, 1, c.vocab, &id));
+            }
+            double dt = (now_s() - t0) / reps;
+            printf("prefill %d tokens (%s attention): %.1f ms, %.0f tokens/s, %.1f TFLOP/s = %.2f "
+                   "of cuBLAS GEMM rate\n", T, tc ? "tensor-core" : "SIMT", dt * 1e3, T / dt,
+                   flops / dt / 1e12, flops / dt / 1e12 / peak);
+        }
+        TRY(backend_cuda_set_prefill_attention(be, 0));
         free(tok); free(seq); free(pos);
     }
 

@@ -125,7 +125,7 @@ typedef struct step {
     int32_t n_new[8];      /* tokens of this step per sequence */
 } step_t;
 
-static void test_attention(int32_t kvh, int32_t group, int32_t hd, const step_t *st) {
+static void test_attention(int32_t kvh, int32_t group, int32_t hd, const step_t *st, int tc) {
     backend_kv_geom_t gc = {.n_layers = 2, .n_blocks = 0, .block_size = 16, .n_kv_heads = kvh,
                             .head_dim = hd, .dtype = BACKEND_DTYPE_F32};
     const int32_t layer = 1, n_heads = kvh * group, row = kvh * hd;
@@ -184,6 +184,7 @@ static void test_attention(int32_t kvh, int32_t group, int32_t hd, const step_t 
     float *vc = malloc(sizeof(float) * pool_elems), *vg = malloc(sizeof(float) * pool_elems);
     uint16_t *raw = malloc(sizeof(uint16_t) * pool_elems);
 
+    CHECK_OK(backend_cuda_set_prefill_attention(gpu, tc));
     backend_t *bes[2] = {cpu, gpu};
     for (int b = 0; b < 2; b++) {
         backend_t *be = bes[b];
@@ -231,9 +232,11 @@ static void test_attention(int32_t kvh, int32_t group, int32_t hd, const step_t 
     size_t kdiff = 0;
     for (size_t i = 0; i < pool_elems; i++) kdiff += kc[i] != kg[i] || vc[i] != vg[i];
     CHECK_MSG(kdiff == 0, "kv_write kvh %d hd %d: %zu pool elements differ", kvh, hd, kdiff);
-    double e = t_rel_err(og, oc, (int64_t)q_elems);
-    CHECK_MSG(e < 2e-3, "attention kvh %d group %d hd %d seqs %d tokens %d: rel err %g", kvh,
-              group, hd, st->n_seqs, n_tok, e);
+    /* SIMT kernels: fp32 math on the same K/V; tensor-core prefill rounds
+     * q and the softmax weights to bf16 (2^-9 relative each) */
+    double e = t_rel_err(og, oc, (int64_t)q_elems), tol = tc ? 1e-2 : 2e-3;
+    CHECK_MSG(e < tol, "attention kvh %d group %d hd %d seqs %d tokens %d tc %d: rel err %g", kvh,
+              group, hd, st->n_seqs, n_tok, tc, e);
     for (int p = 0; p < 2; p++) {
         free(tok_seq[p]); free(tok_pos[p]); free(k[p]); free(v[p]);
     }
@@ -379,12 +382,14 @@ int main(void) {
     step_t decode = {.n_seqs = 5, .ctx_before = {0, 16, 299, 1000, 512}, .n_new = {1, 1, 1, 1, 1}};
     step_t mixed = {.n_seqs = 3, .ctx_before = {100, 7, 0}, .n_new = {1, 33, 2}};
     static const int32_t geo[][3] = {{3, 3, 64}, {2, 4, 128}, {1, 1, 80}, {2, 12, 64}};
-    for (size_t i = 0; i < sizeof(geo) / sizeof(geo[0]); i++) {
-        test_attention(geo[i][0], geo[i][1], geo[i][2], &prefill);
-        test_attention(geo[i][0], geo[i][1], geo[i][2], &prefill1);
-        test_attention(geo[i][0], geo[i][1], geo[i][2], &decode);
-        test_attention(geo[i][0], geo[i][1], geo[i][2], &mixed);
-    }
+    for (int tc = 0; tc < 2; tc++)
+        for (size_t i = 0; i < sizeof(geo) / sizeof(geo[0]); i++) {
+            test_attention(geo[i][0], geo[i][1], geo[i][2], &prefill, tc);
+            test_attention(geo[i][0], geo[i][1], geo[i][2], &prefill1, tc);
+            test_attention(geo[i][0], geo[i][1], geo[i][2], &decode, tc);
+            test_attention(geo[i][0], geo[i][1], geo[i][2], &mixed, tc);
+        }
+    CHECK_OK(backend_cuda_set_prefill_attention(gpu, 0));
     test_bad_input();
     test_graph();
 
