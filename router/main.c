@@ -26,7 +26,7 @@ static void usage(FILE *f) {
             "  --request-timeout-ms N       whole-request deadline (default 600000)\n"
             "  --first-token-timeout-ms N   routed -> first token deadline (default 120000)\n"
             "  --token-timeout-ms N         deadline between tokens (default 30000)\n"
-            "  --worker-timeout-ms N        drop workers silent this long (default 3000)\n"
+            "  --worker-timeout-ms N        drop workers silent this long (default 10000)\n"
             "  --http-timeout-s N           slow-client read/write timeout (default 60)\n"
             "  --balance-abs-tokens N       cache_aware balance guard, absolute (default 4096)\n"
             "  --balance-rel X              cache_aware balance guard, relative (default 2.0)\n"

@@ -119,7 +119,7 @@ void router_config_default(router_config_t *cfg) {
     cfg->request_timeout_ms = 600000;
     cfg->first_token_timeout_ms = 120000;
     cfg->token_timeout_ms = 30000;
-    cfg->worker_timeout_ms = 3000;
+    cfg->worker_timeout_ms = 10000;
     cfg->http_timeout_s = 60;
 }
 

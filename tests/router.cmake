@@ -14,3 +14,23 @@ if(TARGET baton_router)
   set_tests_properties(test_router_fake PROPERTIES LABELS integration TIMEOUT 120
     ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
 endif()
+
+# Against the real workers, as soon as their binaries are part of the build.
+if(TARGET baton_router AND TARGET baton-worker AND TARGET baton)
+  add_test(NAME test_router_colocated
+    COMMAND ${BATON_ROUTER_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_openai_router.py
+      --build ${CMAKE_BINARY_DIR} --workers real --colocated --baton-cli $<TARGET_FILE:baton>)
+  set_tests_properties(test_router_colocated PROPERTIES LABELS integration TIMEOUT 300
+    ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()
+if(TARGET baton_router AND TARGET baton-prefill AND TARGET baton-decode AND TARGET baton)
+  # errors and UTF-8 are router-side and covered above; here the
+  # disaggregated path: OpenAI client, greedy == baton generate,
+  # cancellation on both workers, routing over two prefill workers.
+  add_test(NAME test_router_disaggregated
+    COMMAND ${BATON_ROUTER_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_openai_router.py
+      --build ${CMAKE_BINARY_DIR} --workers real --skip errors,utf8
+      --baton-cli $<TARGET_FILE:baton>)
+  set_tests_properties(test_router_disaggregated PROPERTIES LABELS integration TIMEOUT 300
+    ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
+endif()

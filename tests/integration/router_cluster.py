@@ -100,14 +100,15 @@ class Cluster:
                 "--kv-events-bind", "tcp://127.0.0.1:%d" % free_port()]
         if role == "decode":
             return [os.path.join(self.build, "decode_worker", "baton-decode")] + common
-        return [os.path.join(self.build, "decode_worker", "baton-worker"), "--role", "both"] + \
+        return [os.path.join(self.build, "colocated_worker", "baton-worker"), "--role", "both"] + \
             common + ["--kv-events-bind", "tcp://127.0.0.1:%d" % free_port()]
 
     def start(self, ready_timeout=90):
         router = os.path.join(self.build, "router", "baton-router")
         self._spawn("router", [router, "--model", self.model, "--http-bind",
                                "127.0.0.1:%d" % self.http_port, "--control-bind", self.control,
-                               "--policy", self.policy, "--hash-seed", str(self.hash_seed)]
+                               "--policy", self.policy, "--hash-seed", str(self.hash_seed),
+                               "--worker-timeout-ms", "30000"]
                     + self.router_args)
         if self.workers == "fake":
             argv = [sys.executable, os.path.join(HERE, "fake_worker.py"), "--router", self.control,
