@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import datetime
 import os
+import shlex
 import sys
 from typing import List, Optional
 
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cluster-model", default=os.path.expanduser("~/.cache/baton/SmolLM2-135M-Instruct.Q4_1.gguf"))
     c.add_argument("--threads", type=int, default=2, help="threads per worker")
     c.add_argument("--kv-blocks", type=int, default=4096, help="KV pool blocks per worker")
+    c.add_argument("--router-args", default="", help="extra baton-router options (one string, shell-split)")
     return p
 
 
@@ -227,7 +229,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"baton-bench: round {rnd + 1}, configuration {c.name}: starting the cluster",
                       file=sys.stderr)
                 cl = cluster.Cluster(c, args.cluster_model, args.build_dir, args.launcher,
-                                     args.threads, args.kv_blocks)
+                                     args.threads, args.kv_blocks,
+                                     router_args=shlex.split(args.router_args))
                 try:
                     cl.start()
                     run = asyncio.run(run_once(args, cl.base, reqs, desc, scale, c.as_dict()))

@@ -34,6 +34,17 @@ class RunConfig:
     progress: bool = True
 
 
+def _error_message(e: openai.APIStatusError) -> str:
+    """The OpenAI-style error.message of a status error's body, else the
+    client's own text."""
+    b = e.body
+    if isinstance(b, dict) and isinstance(b.get("error"), dict):
+        b = b["error"]
+    if isinstance(b, dict) and isinstance(b.get("message"), str):
+        return b["message"]
+    return str(e.message)
+
+
 class _Records:
     """Remembers whether the server has a records endpoint at all."""
 
@@ -111,7 +122,7 @@ async def _one(cli: openai.AsyncOpenAI, http: httpx.AsyncClient, cfg: RunConfig,
         else:
             res.ok = True
     except openai.APIStatusError as e:
-        res.error = f"HTTP {e.status_code}: {str(e.message)[:120]}"
+        res.error = f"HTTP {e.status_code}: {_error_message(e)[:100]}"
     except openai.APITimeoutError:
         res.error = "timeout"
     except openai.APIConnectionError as e:

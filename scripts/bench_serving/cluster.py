@@ -92,7 +92,7 @@ class Cluster:
     def __init__(self, cfg: ClusterConfig, model: str, build_dir: Optional[str] = None,
                  launcher: str = "binaries", threads: int = 2, kv_blocks: int = 4096,
                  hash_seed: int = 20261129, source_dir: Optional[str] = None,
-                 logdir: Optional[str] = None):
+                 logdir: Optional[str] = None, router_args: Optional[List[str]] = None):
         self.cfg = cfg
         self.model = model
         self.build_dir = build_dir
@@ -102,6 +102,7 @@ class Cluster:
         self.hash_seed = hash_seed
         self.source_dir = source_dir or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
         self.logdir = logdir or tempfile.mkdtemp(prefix=f"baton-bench-{cfg.name}-")
+        self.router_args = list(router_args or [])
         self.procs: List[tuple] = []
         self.base = ""
 
@@ -151,10 +152,10 @@ class Cluster:
             port = free_port()
             control = f"tcp://127.0.0.1:{free_port()}"
             # resolve every binary before starting anything
-            worker_argv = [(n, self._worker(*(r or ("both", 0))), ) for n, r in argvs]
+            worker_argv = [(n, self._worker(*(r or ("both", 0)), control)) for n, r in argvs]
             self._spawn("router", [router, "--model", self.model, "--http-bind", f"127.0.0.1:{port}",
                                    "--control-bind", control, "--policy", self.cfg.policy,
-                                   "--hash-seed", str(self.hash_seed)])
+                                   "--hash-seed", str(self.hash_seed)] + self.router_args)
             for n, argv in worker_argv:
                 self._spawn(n, argv)
             self.base = f"http://127.0.0.1:{port}"

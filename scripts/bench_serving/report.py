@@ -111,6 +111,7 @@ def format_run(run: dict) -> str:
     for e, n in s.get("errors", {}).items():
         row(f"  {e[:48]}:", n)
     row("Benchmark duration (s):", _fmt(s["duration_s"]))
+    row("Router-counted ok requests (/metrics):", _fmt(md.get("server_requests_ok")))
     row("Total input tokens:", s["total_input_tokens"])
     row("Total output tokens:", s["total_output_tokens"])
     row("Request throughput (req/s):", _fmt(s["request_throughput_req_s"]))
@@ -218,7 +219,10 @@ def write_cdf_png(path: str, runs: Sequence[dict]) -> None:
         ax.set_xlabel(label)
         ax.set_ylabel("fraction of requests")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no completed requests", ha="center", transform=ax.transAxes)
     fig.suptitle("baton bench: TTFT and TPOT CDFs")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

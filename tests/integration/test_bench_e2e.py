@@ -38,7 +38,10 @@ def main():
         fail(f"default model missing: {model} (run scripts/fetch-model)")
     launcher = "binaries" if build else "baton-up"
     cfg = cluster.ClusterConfig(name="disagg-1p1d", policy="cache_aware", prefill=1, decode=1)
-    cl = cluster.Cluster(cfg, model, build, launcher, threads=2, kv_blocks=1024)
+    # The test build is ASan/UBSan (-O1): a worker's forward step can outlast the
+    # router's default 3 s heartbeat timeout, so the test allows 30 s.
+    cl = cluster.Cluster(cfg, model, build, launcher, threads=2, kv_blocks=1024,
+                         router_args=["--worker-timeout-ms", "30000"])
     try:
         if launcher == "binaries":
             for sub, name in (("router", "baton-router"), ("prefill_worker", "baton-prefill"),
