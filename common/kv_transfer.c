@@ -16,6 +16,8 @@
 #include <time.h>
 
 #include <ucp/api/ucp.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
 
 #include "common/log.h"
 
@@ -109,6 +111,18 @@ static uint64_t get_u64(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
     return v;
+}
+
+/* Low 32 bits of XXH3-64 over the descriptor with its checksum field
+ * (bytes 52..55) read as zero. */
+static uint32_t descriptor_checksum(const uint8_t *b, size_t len) {
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, b, 52);
+    static const uint8_t zero[4] = {0};
+    XXH3_64bits_update(&st, zero, 4);
+    XXH3_64bits_update(&st, b + 56, len - 56);
+    return (uint32_t)XXH3_64bits_digest(&st);
 }
 
 /* ---------- engine ---------- */
@@ -508,6 +522,7 @@ baton_status_t kv_transfer_pool_pack(const kv_transfer_pool_t *pool, void **out_
     memcpy(p, pool->k_rkey_buf, pool->k_rkey_len);
     p += pool->k_rkey_len;
     memcpy(p, pool->v_rkey_buf, pool->v_rkey_len);
+    put_u32(b + 52, descriptor_checksum(b, len));
     *out_buf = b;
     *out_len = len;
     return BATON_OK;
@@ -555,6 +570,8 @@ static baton_status_t descriptor_parse(const void *buf, size_t len, kv_transfer_
         return baton_error(BATON_ERR_FORMAT,
                            "kv_transfer descriptor: %zu bytes, header says %llu", len,
                            (unsigned long long)KVT_HEADER_BYTES + al + kl + vl);
+    if (get_u32(b + 52) != descriptor_checksum(b, len))
+        return baton_error(BATON_ERR_FORMAT, "kv_transfer descriptor: checksum mismatch");
     info->n_layers = (int32_t)n_layers;
     info->n_blocks = (int32_t)n_blocks;
     info->block_bytes = block_bytes;

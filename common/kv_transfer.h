@@ -135,7 +135,10 @@ void kv_transfer_pool_free(kv_transfer_pool_t *pool);
  * free(). Format v1, all integers little-endian:
  *   "BKVT" u16 version=1 u16 0 | u32 n_layers u32 n_blocks u64 block_bytes |
  *   u64 k_addr u64 v_addr | u32 worker_addr_len u32 k_rkey_len u32 v_rkey_len |
- *   worker address bytes | K rkey bytes | V rkey bytes.
+ *   u32 checksum | worker address bytes | K rkey bytes | V rkey bytes.
+ * checksum = low 32 bits of XXH3-64 of the whole descriptor with the
+ * checksum field zeroed (catches corruption before UCX parses the opaque
+ * address and rkey bytes, which UCX does not validate).
  * Errors: BATON_ERR_NO_MEMORY. */
 baton_status_t kv_transfer_pool_pack(const kv_transfer_pool_t *pool, void **out_buf,
                                      size_t *out_len);
@@ -149,7 +152,7 @@ typedef struct kv_transfer_remote_info {
 } kv_transfer_remote_info_t;
 
 /* Validates a descriptor's framing (magic, version, lengths that add up
- * exactly, sizes in range) without touching UCX. Errors: BATON_ERR_FORMAT,
+ * exactly, sizes in range, checksum) without touching UCX. Errors: BATON_ERR_FORMAT,
  * BATON_ERR_VERSION (newer major version). */
 baton_status_t kv_transfer_descriptor_parse(const void *buf, size_t len,
                                             kv_transfer_remote_info_t *out);
