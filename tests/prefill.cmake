@@ -10,3 +10,6 @@ baton_add_test(NAME test_prefill_sched_process SOURCES unit/test_prefill_sched_p
   LIBS baton_model baton_transfer baton_proto baton_prefix ${XXHASH_LIBRARY}
   LABELS integration TIMEOUT 120 ARGS $<TARGET_FILE:baton-prefill>)
 add_dependencies(test_prefill_sched_process baton-prefill)
+# The scheduler on the default model (k*B-1, k*B, k*B+1 prompts, cold/warm).
+baton_add_test(NAME test_prefill_sched_model SOURCES unit/test_prefill_sched_model.c
+  LIBS baton_prefill_sched LABELS model TIMEOUT 300)
