@@ -43,7 +43,8 @@ class ClusterConfig:
     def parse(spec: str) -> "ClusterConfig":
         """'NAME' preset (cache_aware, round_robin, least_loaded, colocated,
         disagg) or 'NAME:key=val,...' with keys policy, prefill, decode,
-        colocated (0/1)."""
+        colocated (0/1).  With colocated, prefill is the number of
+        baton-worker --role both processes."""
         name, _, rest = spec.partition(":")
         c = ClusterConfig(name=name)
         if name in ("cache_aware", "round_robin", "least_loaded"):
@@ -145,14 +146,15 @@ class Cluster:
             router = self.binary("router", "baton-router")
             argvs = []
             if self.cfg.colocated:
-                argvs.append(("worker-both-0", None))
+                # colocated: `prefill` counts the baton-worker --role both processes
+                argvs += [(f"worker-both-{i}", ("both", i)) for i in range(self.cfg.prefill)]
             else:
                 argvs += [(f"prefill-{i}", ("prefill", i)) for i in range(self.cfg.prefill)]
                 argvs += [(f"decode-{i}", ("decode", i)) for i in range(self.cfg.decode)]
             port = free_port()
             control = f"tcp://127.0.0.1:{free_port()}"
             # resolve every binary before starting anything
-            worker_argv = [(n, self._worker(*(r or ("both", 0)), control)) for n, r in argvs]
+            worker_argv = [(n, self._worker(*r, control)) for n, r in argvs]
             self._spawn("router", [router, "--model", self.model, "--http-bind", f"127.0.0.1:{port}",
                                    "--control-bind", control, "--policy", self.cfg.policy,
                                    "--hash-seed", str(self.hash_seed)] + self.router_args)
