@@ -443,16 +443,15 @@ static void expire(prefill_sched_t *s, uint64_t now) {
             i++;
         }
     }
-    req_t *r = s->head;
-    while (r) {
-        req_t *n = r->next;
-        if (r->state == REQ_WAIT_DEST && r->deadline_us <= now) {
-            char why[128];
-            snprintf(why, sizeof(why), "no KVDestination within %u ms",
-                     s->cfg.kv_destination_timeout_ms);
-            fail_req(s, r, BATON_ERR_TIMEOUT, why);
-        }
-        r = n;
+    /* rescan from the head after each failure: its hook may have released
+     * other (DONE) requests */
+    for (;;) {
+        req_t *r = s->head;
+        while (r && !(r->state == REQ_WAIT_DEST && r->deadline_us <= now)) r = r->next;
+        if (!r) break;
+        char why[128];
+        snprintf(why, sizeof(why), "no KVDestination within %u ms", s->cfg.kv_destination_timeout_ms);
+        fail_req(s, r, BATON_ERR_TIMEOUT, why);
     }
 }
 

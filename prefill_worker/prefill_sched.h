@@ -46,8 +46,10 @@
  *
  * Threads: one thread owns a scheduler (it runs the model). Hooks run on that
  * thread; send_layer runs inside the forward and must not call the
- * scheduler; finished may call prefill_sched_release / _detach / _abort for
- * its own request, and nothing else of the scheduler. */
+ * scheduler; finished may call prefill_sched_release / _detach for any DONE
+ * request (e.g. transfers of other requests completing inside a flush) and
+ * prefill_sched_abort for its own request, and nothing else of the
+ * scheduler. */
 #ifndef BATON_PREFILL_WORKER_PREFILL_SCHED_H
 #define BATON_PREFILL_WORKER_PREFILL_SCHED_H
 
