@@ -466,6 +466,26 @@ static void handle_prefill_request(worker_t *w, const proto_prefill_request_t *q
     schedule_step(w);
 }
 
+/* Caches a new endpoint under (decode worker id, epoch). */
+static kv_transfer_peer_t *ucx_peer_add(worker_t *w, const proto_kv_destination_t *d,
+                                        kv_transfer_peer_t *peer) {
+    if (w->n_upeers == MAX_UCX_PEERS) { /* drop the oldest (its transfers fail) */
+        kv_transfer_peer_free(w->upeers[0].peer);
+        memmove(&w->upeers[0], &w->upeers[1], sizeof(ucx_peer_t) * (MAX_UCX_PEERS - 1));
+        w->n_upeers--;
+    }
+    ucx_peer_t *u = &w->upeers[w->n_upeers++];
+    memset(u, 0, sizeof(*u));
+    snprintf(u->worker_id, sizeof(u->worker_id), "%s", d->decode_worker_id);
+    u->epoch = d->decode_epoch;
+    u->peer = peer;
+    return peer;
+}
+
+/* The endpoint to the decode pool of `d`: cached per (worker id, epoch), or
+ * connected from ucx_address, which is either the whole
+ * kv_transfer_pool_pack descriptor or the bare UCX worker address with the
+ * K/V regions in pool.regions (both forms are accepted). */
 static kv_transfer_peer_t *ucx_peer(worker_t *w, const proto_kv_destination_t *d,
                                     baton_status_t *st_out) {
     for (int i = 0; i < w->n_upeers; i++) {
@@ -486,10 +506,32 @@ static kv_transfer_peer_t *ucx_peer(worker_t *w, const proto_kv_destination_t *d
                               baton_status_str(u->failed));
         return NULL;
     }
-    /* rebuild the kv_transfer_pool_pack descriptor (format v1 of
-     * common/kv_transfer.h: header, u32 checksum, address, K rkey, V rkey) */
     const proto_pool_desc_t *p = &d->pool;
     const backend_kv_geom_t *g = kv_pool_geom(w->pool);
+    kv_transfer_remote_info_t info;
+    if (d->ucx_address_len > 0 &&
+        kv_transfer_descriptor_parse(d->ucx_address, d->ucx_address_len, &info) == BATON_OK) {
+        /* ucx_address holds the whole kv_transfer_pool_pack descriptor
+         * (decode_worker.h): use it as it is */
+        if (info.n_layers != g->n_layers || info.block_bytes != kv_pool_block_bytes(w->pool)) {
+            *st_out = baton_error(BATON_ERR_INVALID_ARG,
+                                  "KV geometry differs: decode pool %d layers x %llu-byte blocks, "
+                                  "prefill %d x %zu",
+                                  info.n_layers, (unsigned long long)info.block_bytes, g->n_layers,
+                                  kv_pool_block_bytes(w->pool));
+            return NULL;
+        }
+        kv_transfer_peer_t *peer = NULL;
+        baton_status_t st = kv_transfer_peer_connect(w->xeng, d->ucx_address, d->ucx_address_len, &peer);
+        if (st != BATON_OK) {
+            *st_out = st;
+            return NULL;
+        }
+        return ucx_peer_add(w, d, peer);
+    }
+    /* otherwise ucx_address is the bare UCX worker address: rebuild the
+     * descriptor (format v1 of common/kv_transfer.h: header, u32 checksum,
+     * address, K rkey, V rkey) from it and pool.regions [K, V] */
     if (d->ucx_address_len == 0 || p->n_regions != 2) {
         *st_out = baton_error(BATON_ERR_FORMAT,
                               "KVDestination without a UCX address or [K, V] regions (%u regions)",
@@ -543,16 +585,7 @@ static kv_transfer_peer_t *ucx_peer(worker_t *w, const proto_kv_destination_t *d
         *st_out = st;
         return NULL;
     }
-    if (w->n_upeers == MAX_UCX_PEERS) { /* drop the oldest (its transfers fail) */
-        kv_transfer_peer_free(w->upeers[0].peer);
-        memmove(&w->upeers[0], &w->upeers[1], sizeof(ucx_peer_t) * (MAX_UCX_PEERS - 1));
-        w->n_upeers--;
-    }
-    ucx_peer_t *u = &w->upeers[w->n_upeers++];
-    snprintf(u->worker_id, sizeof(u->worker_id), "%s", d->decode_worker_id);
-    u->epoch = d->decode_epoch;
-    u->peer = peer;
-    return peer;
+    return ucx_peer_add(w, d, peer);
 }
 
 static void handle_kv_destination(worker_t *w, const proto_kv_destination_t *d) {

@@ -14,9 +14,11 @@
  * parts).
  *
  * KV transfer: the local pool is registered once with UCX; a KVDestination
- * (ucx_address + pool.regions [K, V] + n_blocks + block_bytes, as
- * decode_worker.h describes) is turned into a kv_transfer_pool_pack
- * descriptor, an endpoint per decode worker is cached, and one
+ * carries the decode pool either as ucx_address = the whole
+ * kv_transfer_pool_pack descriptor (what decode_worker.h sends), or as
+ * ucx_address = the bare UCX worker address plus pool.regions [K, V] +
+ * n_blocks + block_bytes (rebuilt into a descriptor here); an endpoint per
+ * decode run (worker id, epoch) is cached, and one
  * kv_transfer_t per request carries the layer-wise puts the scheduler asks
  * for; after the last chunk and the first token, the endpoint is flushed and
  * only then PrefillDone goes to the decode worker (and a copy to the router).

@@ -80,6 +80,9 @@ typedef struct env {
     uint8_t *ucx_addr;
     uint32_t ucx_addr_len;
     uint8_t *rkeys[2];
+    void *desc;        /* the whole packed descriptor */
+    size_t desc_len;
+    bool send_whole;   /* KVDestination.ucx_address = desc instead of the bare address */
     proto_pool_region_t regions[2];
     uint64_t block_bytes;
     int32_t n_layers;
@@ -151,7 +154,8 @@ static void decode_pool_open(env_t *e) {
     uint64_t region = (uint64_t)info.n_layers * info.n_blocks * info.block_bytes;
     e->regions[0] = (proto_pool_region_t){info.k_addr, region, e->rkeys[0], lk};
     e->regions[1] = (proto_pool_region_t){info.v_addr, region, e->rkeys[1], lv};
-    free(desc);
+    e->desc = desc;
+    e->desc_len = len;
 }
 
 static void decode_pool_close(env_t *e) {
@@ -162,6 +166,8 @@ static void decode_pool_close(env_t *e) {
     free(e->ucx_addr);
     free(e->rkeys[0]);
     free(e->rkeys[1]);
+    free(e->desc);
+    e->desc = NULL;
     e->ucx_addr = NULL;
     e->rkeys[0] = e->rkeys[1] = NULL;
 }
@@ -211,8 +217,8 @@ static void send_kv_destination(env_t *e, const uint8_t *id, const uint32_t *blo
     d->pool.n_regions = 2;
     d->pool.n_blocks = D_BLOCKS;
     d->pool.block_bytes = e->block_bytes;
-    d->ucx_address = e->ucx_addr;
-    d->ucx_address_len = e->ucx_addr_len;
+    d->ucx_address = e->send_whole ? e->desc : e->ucx_addr;
+    d->ucx_address_len = e->send_whole ? (uint32_t)e->desc_len : e->ucx_addr_len;
     CHECK_OK(proto_chan_send(e->d_dealer, NULL, &m));
 }
 
@@ -464,6 +470,7 @@ int main(int argc, char **argv) {
      * pool (epoch 2) */
     {
         env_t dead = e; /* the descriptor of the pool about to die */
+        dead.send_whole = false;
         dead.ucx_addr = malloc(e.ucx_addr_len);
         memcpy(dead.ucx_addr, e.ucx_addr, e.ucx_addr_len);
         for (int k = 0; k < 2; k++) {
@@ -492,6 +499,7 @@ int main(int argc, char **argv) {
         free(dead.rkeys[0]);
         free(dead.rkeys[1]);
         decode_pool_open(&e);
+        e.send_whole = true; /* the form decode_worker.h sends */
         make_id(id, 7);
         int32_t toks7[17];
         fill_prompt(toks7, 17, 7);
