@@ -13,6 +13,7 @@
  * model_forward into the blocks the scheduler reserved (hooks.reserved) and
  * samples the first token with a sampler seeded like the request's. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #define MAXTOK 128
 
 static model_t *g_model;
+static bool g_real; /* the default model: shorter generations (CPU time) */
 static backend_t *g_be;
 static int32_t g_vocab;
 
@@ -301,7 +303,12 @@ static void test_batching_invariance(void) {
     decode_sched_config_t cfg = decode_sched_config_default();
     CHECK_OK(harness_init(&h, 64, 16, &cfg));
     const int32_t lens[6] = {5, 17, 32, 1, 40, 9};
-    const int32_t maxt[6] = {30, 12, 25, 20, 8, 40};
+    int32_t maxt[6] = {30, 12, 25, 20, 8, 40};
+    int32_t sum_maxt = 0;
+    for (int i = 0; i < 6; i++) {
+        if (g_real) maxt[i] = maxt[i] / 4 + 2;
+        sum_maxt += maxt[i];
+    }
     for (int i = 0; i < 6; i++) make_req(&h.r[i], i + 1, lens[i], (uint32_t)i + 100);
     CHECK_OK(submit(&h, &h.r[0], maxt[0], true, NULL, 0, true));
     prefill_and_done(&h, &h.r[0]);
@@ -332,10 +339,10 @@ static void test_batching_invariance(void) {
     CHECK_EQ_INT(st.finished_ok, 6);
     CHECK_EQ_INT(st.n_running, 0);
     CHECK_EQ_INT(st.preemptions, 0);
-    /* one chunk per step; the longest request (40 tokens, joined at step 9)
-     * bounds the count: fewer chunks than the sum of tokens */
+    /* one chunk per step, each carrying every running request: far fewer
+     * chunks than tokens */
     CHECK(h.n_chunks == (int)st.steps);
-    CHECK(h.n_chunks < 30 + 12 + 25 + 20 + 8 + 40 - 6);
+    CHECK(h.n_chunks < sum_maxt - 6);
     CHECK_EQ_INT(kv_pool_n_used(h.pool), 0);
     harness_free(&h);
 }
@@ -671,20 +678,36 @@ static void test_bad_args(void) {
     harness_free(&h);
 }
 
-int main(void) {
+/* No argument: every scenario on the tiny model (label unit). "model":
+ * greedy batching invariance, preemption + recompute and the colocated
+ * hand-off on the default model, SmolLM2-135M (label model). */
+int main(int argc, char **argv) {
+    bool real = argc > 1 && strcmp(argv[1], "model") == 0;
+    g_real = real;
+    const char *path = real ? test_default_model() : data_path("tiny_llama.gguf");
+    if (!path) return 1;
     CHECK_OK(backend_cpu_create(2, &g_be));
-    CHECK_OK(model_load(data_path("tiny_llama.gguf"), g_be, NULL, &g_model));
+    CHECK_OK(model_load(path, g_be, NULL, &g_model));
     if (!g_model) return TEST_DONE();
     g_vocab = model_hparams(g_model)->n_vocab;
     test_batching_invariance();
-    test_seeds();
-    test_stops();
     test_preemption();
-    test_refusal_and_queueing();
-    test_abort_and_prefill_errors();
     test_adopt();
-    test_max_batch();
-    test_bad_args();
+    if (!real) {
+        /* Seeded sampling is compared token for token with the reference
+         * only here: the CPU forward is not bitwise batch-invariant (a
+         * decode row alone vs in a batch of 2 differs by up to ~1e-5 on
+         * this model, ~3e-5 on SmolLM2: GEMM blocking depends on the row
+         * count), which can move a high-temperature draw over 49k tokens
+         * but does not move it over this model's 272 for these seeds. */
+        test_seeds();
+        test_stops();
+        test_max_batch();
+        /* these use the tiny model's context (96) and vocabulary */
+        test_refusal_and_queueing();
+        test_abort_and_prefill_errors();
+        test_bad_args();
+    }
     model_free(g_model);
     backend_free(g_be);
     return TEST_DONE();
