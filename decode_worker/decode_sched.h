@@ -245,9 +245,10 @@ baton_status_t decode_sched_abort(decode_sched_t *s, const uint8_t *request_id);
 
 /* Runs one step (see top). *n_seqs_out (may be NULL) gets the sequences
  * that emitted tokens (0: nothing ran; the event loop may sleep until the
- * next input or decode_sched_next_deadline_us). A forward or sampling
- * failure fails that step's sequences (finished ERROR) and is returned
- * after the hooks ran. BATON_ERR_INVALID_ARG for NULL. */
+ * next input or decode_sched_next_deadline_us). A forward failure fails
+ * every sequence of the step (finished ERROR) and is returned after the
+ * hooks ran; a sampling failure fails only its sequence. BATON_ERR_INVALID_ARG
+ * for NULL. */
 baton_status_t decode_sched_step(decode_sched_t *s, int32_t *n_seqs_out);
 
 /* True when a step would do something now: RUNNING sequences, READY ones
