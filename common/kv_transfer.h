@@ -91,9 +91,11 @@ int kv_transfer_engine_event_fd(const kv_transfer_engine_t *eng);
  * Returns BATON_OK or BATON_ERR_IO when the worker cannot be armed. */
 baton_status_t kv_transfer_engine_progress(kv_transfer_engine_t *eng);
 
-/* Blocks up to `timeout_ms` in poll() on the event fd (in slices of at most
- * 100 ms) and progresses. For tests and simple blocking callers; an event
- * loop uses event_fd + progress instead. Returns progress's status. */
+/* Waits in poll() on the event fd for at most min(timeout_ms, 100) ms
+ * (100 when timeout_ms < 0), then progresses once; callers loop on their
+ * own condition. For tests and simple blocking callers; an event loop uses
+ * event_fd + progress instead. Returns progress's status, or BATON_ERR_IO
+ * when poll fails. */
 baton_status_t kv_transfer_engine_wait(kv_transfer_engine_t *eng, int timeout_ms);
 
 /* One KV pool in host memory (owned by the caller, e.g. common/kv_pool).
