@@ -238,8 +238,13 @@ static void on_conn_close(struct evhttp_connection *conn, void *arg);
 
 /* Detaches the call from its HTTP connection (no more close callbacks). */
 static void call_detach(call_t *c) {
-    if (c->conn)
+    if (c->conn) {
         evhttp_connection_set_closecb(c->conn, NULL, NULL);
+        struct bufferevent *bev = evhttp_connection_get_bufferevent(c->conn);
+        struct timeval t = {c->srv->cfg.http_timeout_s, 0};
+        if (bev)
+            bufferevent_set_timeouts(bev, &t, &t);
+    }
     c->conn = NULL;
 }
 
@@ -1238,8 +1243,15 @@ static void handle_generate(router_server_t *srv, struct evhttp_request *req, ht
         /* evhttp stops reading once a request is parsed; read again so that
          * a client closing before the reply (EOF) is noticed and aborted */
         struct bufferevent *bev = evhttp_connection_get_bufferevent(c->conn);
-        if (bev)
+        if (bev) {
+            /* no read timeout while the reply is being generated (it may
+             * take longer than --http-timeout-s); writes keep theirs so a
+             * client that stops reading a stream is still cut off.
+             * call_detach restores both for the idle keep-alive wait. */
+            struct timeval wt = {srv->cfg.http_timeout_s, 0};
+            bufferevent_set_timeouts(bev, NULL, &wt);
             bufferevent_enable(bev, EV_READ);
+        }
     }
     return;
 

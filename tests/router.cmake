@@ -34,3 +34,11 @@ if(TARGET baton_router AND TARGET baton-prefill AND TARGET baton-decode AND TARG
   set_tests_properties(test_router_disaggregated PROPERTIES LABELS integration TIMEOUT 300
     ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
 endif()
+
+# scripts/baton-up itself: bring-up, the printed curl, Ctrl-C leaves no orphans.
+if(TARGET baton-router AND TARGET baton-worker)
+  add_test(NAME test_router_baton_up
+    COMMAND ${BATON_ROUTER_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_router_baton_up.py
+      --build ${CMAKE_BINARY_DIR} --colocated)
+  set_tests_properties(test_router_baton_up PROPERTIES LABELS integration TIMEOUT 240)
+endif()
