@@ -981,6 +981,11 @@ static int worker_open(worker_t *w) {
 }
 
 int main(int argc, char **argv) {
+    /* --role prefill|decode: every other option belongs to that binary */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--role") &&
+            (!strcmp(argv[i + 1], "prefill") || !strcmp(argv[i + 1], "decode")))
+            return exec_role(argv[i + 1], argc, argv);
     worker_t w;
     memset(&w, 0, sizeof(w));
     int rc = parse_opts(argc, argv, &w.o);
@@ -988,7 +993,6 @@ int main(int argc, char **argv) {
         usage(stderr);
         return rc;
     }
-    if (strcmp(w.o.role, "both")) return exec_role(w.o.role, argc, argv);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;

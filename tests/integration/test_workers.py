@@ -58,12 +58,16 @@ PROMPTS = [
     "Here is a list of fruits: apple, banana,",
 ]
 
-SYSTEM_TEXT = ("You are a helpful assistant. Answer briefly and precisely, cite no sources, "
-               "and never invent facts that you do not know for certain.")
+SYSTEM_TEXT = ("You are a helpful assistant for a small public library. Answer briefly and "
+               "precisely, cite no sources, never invent facts that you do not know for certain, "
+               "and say so plainly when a question is outside what you know.")
 TAIL_TEXTS = [
-    "Question: what is the tallest mountain on Earth and where is it located exactly?",
-    "Question: how many legs does a spider have, and how many does an insect have?",
-    "Question: which ocean is the largest by area, and which one is the smallest?",
+    "Question: what is the tallest mountain on Earth, where is it located exactly, and who "
+    "were the first climbers to reach its summit and come back down safely?",
+    "Question: how many legs does a spider have, how many does an insect have, and why are "
+    "spiders not counted among the insects by the people who classify animals?",
+    "Question: which ocean is the largest by area, which one is the smallest, and how deep "
+    "is the deepest known point of the largest one in metres below the surface?",
 ]
 
 FAILURES = []
@@ -360,6 +364,82 @@ def scenario_disagg_pairing():
         codes = procs.stop_all()
         router.close()
     check(all(c == 0 for c in codes.values()), "workers exit cleanly on SIGTERM (%s)" % codes)
+
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def http(method, url, body=None, timeout=10.0):
+    import json
+    import urllib.error
+    import urllib.request
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"raw": raw.decode(errors="replace")}
+
+
+def scenario_disagg_pairing_router():
+    """The same refusals by the real baton-router: /health says why it is
+    not ready (naming the field) and a completion fails fast, never hangs."""
+    router_bin = os.path.join(fr.binary_dir(), "router", "baton-router")
+    tiny = os.path.join(os.environ.get("BATON_SOURCE_DIR", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..")), "tests", "data", "tiny_llama.gguf")
+    procs = fr.Procs(log_dir("disagg_pairing_router"))
+    try:
+        for d, extra, field in (("dc32", ["--block-size", "32"], "block_size"),
+                                ("dctiny", ["--model", tiny], "differ in")):
+            hport, cport = free_port(), free_port()
+            rname = "router-" + d
+            procs.start(rname, [router_bin, "--model", fr.model_path(), "--http-bind",
+                                "127.0.0.1:%d" % hport, "--control-bind",
+                                "tcp://127.0.0.1:%d" % cport])
+            ctl = "tcp://127.0.0.1:%d" % cport
+            procs.start_worker("pf-" + d, "prefill", ctl)
+            procs.start_worker(d, "decode", ctl, extra=extra)
+            base = "http://127.0.0.1:%d" % hport
+            deadline = time.monotonic() + 120
+            why = None
+            while time.monotonic() < deadline:
+                try:
+                    code, body = http("GET", base + "/health", timeout=2)
+                except OSError:
+                    time.sleep(0.5)
+                    continue
+                reason = body.get("reason", "")
+                # wait until both workers are known (the reason names the pair)
+                if code == 503 and d in reason and ("pf-" + d) in reason:
+                    why = reason
+                    break
+                check(code != 200, "router with pf/%s must not be ready" % d)
+                time.sleep(0.5)
+            check(why is not None and field in why,
+                  "router /health refuses pf/%s: %r" % (d, why))
+            t0 = time.monotonic()
+            code, body = http("POST", base + "/v1/completions",
+                              {"model": "x", "prompt": "Hello", "max_tokens": 2}, timeout=30)
+            dt = time.monotonic() - t0
+            check(code >= 400 and dt < 10, "completion on pf/%s fails fast: HTTP %d in %.1f s: %s"
+                  % (d, code, dt, str(body)[:200]))
+            for n in (rname, "pf-" + d, d):
+                procs.stop(n)
+    finally:
+        codes = procs.stop_all()
+    check(all(c == 0 for c in codes.values()), "processes exit cleanly on SIGTERM (%s)" % codes)
+    if FAILURES:
+        fail_with_logs(procs, list(procs.procs))
 
 
 def scenario_disagg_abort():
