@@ -174,6 +174,11 @@ static int cand_cmp(const void *pa, const void *pb) {
     return 0;
 }
 
+static int cand_cmp_id(const void *pa, const void *pb) {
+    int32_t a = ((const cand_t *)pa)->id, b = ((const cand_t *)pb)->id;
+    return (a > b) - (a < b);
+}
+
 /* Min-heap (by rank: root is the worst kept) sift-down. */
 static void heap_down(cand_t *h, int32_t n, int32_t i) {
     for (;;) {
@@ -269,7 +274,20 @@ baton_status_t sampler_sample(sampler_t *s, const float *logits, sampling_result
     const double lse = ms + log(sum);
 
     int32_t token = arg;
-    if (p->temperature > 0.0f) {
+    const bool truncate = (p->top_k > 0 && p->top_k < nv) || p->top_p < 1.0f || p->min_p > 0.0f;
+    if (p->temperature > 0.0f && !truncate) {
+        /* inverse CDF in token-id order: a logit perturbation of size e moves
+         * every boundary by O(e), so batched and single runs agree */
+        double z = 0.0;
+        for (int32_t i = 0; i < nv; i++) z += exp((double)w[i] * inv_t - ms);
+        double u = sampling_rng_uniform(&s->rng) * z, cum = 0.0;
+        for (int32_t i = 0; i < nv; i++) {
+            double e = exp((double)w[i] * inv_t - ms);
+            if (e > 0.0) token = i; /* last token with mass, if rounding leaves u >= cum */
+            cum += e;
+            if (u < cum) break;
+        }
+    } else if (p->temperature > 0.0f) {
         cand_t *c = s->cands;
         int32_t n_head, n_all;
         int sorted_all;
@@ -311,6 +329,9 @@ baton_status_t sampler_sample(sampler_t *s, const float *logits, sampling_result
                 if ((double)c[i].v >= floor_v) c[k++] = c[i];
             n_keep = k; /* the max always survives: min_p <= 1 */
         }
+        /* the kept set is decided in rank order; the draw walks it in id
+         * order (see the untruncated branch) */
+        qsort(c, (size_t)n_keep, sizeof(cand_t), cand_cmp_id);
         double z = 0.0;
         for (int32_t i = 0; i < n_keep; i++) z += exp((double)c[i].v - ms);
         double u = sampling_rng_uniform(&s->rng) * z;

@@ -20,8 +20,11 @@
  *   6. top-p:           keep the smallest prefix of the sorted distribution
  *                       whose probability mass reaches p (Holtzman et al. 2019)
  *   7. min-p:           keep t with p[t] >= min_p * max_t p[t] (Nguyen et al. 2024)
- *   8. draw from the renormalised kept set with one uniform number of the
- *      request's stream.
+ *   8. draw from the renormalised kept set with one uniform number u of the
+ *      request's stream, by inverse CDF over the kept tokens in token-id
+ *      order (not rank order: in rank order two near-equal logits that swap
+ *      under fp32 noise would swap their whole CDF segments, so a request
+ *      could sample differently alone and batched).
  *
  * Log-probabilities reported (OpenAI `logprobs`): the log-softmax of the row
  * after steps 1-3 and the temperature (temperature 0 counts as 1), before the
