@@ -127,6 +127,11 @@ async def _one(cli: openai.AsyncOpenAI, http: httpx.AsyncClient, cfg: RunConfig,
         res.error = "timeout"
     except openai.APIConnectionError as e:
         res.error = f"connection: {str(e)[:120]}"
+    except openai.APIError as e:  # an error event in the middle of the stream
+        res.error = f"stream error: {str(e.message)[:100]}"
+        res.e2e_s = time.perf_counter() - st
+    except (httpx.HTTPError, ValueError) as e:
+        res.error = f"client: {type(e).__name__}: {str(e)[:100]}"
     except asyncio.CancelledError:
         res.error = "cancelled at the time limit"
         res.e2e_s = time.perf_counter() - st
@@ -156,6 +161,9 @@ async def run(reqs: List[BenchRequest], cfg: RunConfig) -> tuple:
     async def guarded(r: BenchRequest) -> RequestResult:
         try:
             return await _one(cli, http, cfg, r, t0, rec_state)
+        except Exception as e:  # anything unforeseen fails this request, not the run
+            return RequestResult(index=r.index, prompt_tokens=len(r.prompt),
+                                 error=f"client: {type(e).__name__}: {str(e)[:100]}")
         finally:
             if sem is not None:
                 sem.release()

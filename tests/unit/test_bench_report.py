@@ -61,6 +61,10 @@ class FakeServer(BaseHTTPRequestHandler):
         base = {"id": rid, "object": "text_completion", "created": 1, "model": "fake-model",
                 "system_fingerprint": "fp_test"}
         for i in range(n):
+            if i == 1 and body["prompt"][0] == 1002:  # the 'dies mid-stream' request
+                self.wfile.write(b'data: {"error": {"message": "worker w stopped heartbeating"}}\n\n')
+                self.wfile.flush()
+                return
             time.sleep(GAP_S)
             chunk = dict(base, choices=[{"index": 0, "text": "x", "logprobs": None,
                                          "finish_reason": "length" if i == n - 1 else None}])
@@ -94,6 +98,7 @@ class ClientReportTest(unittest.TestCase):
         FakeServer.bodies.clear()
         reqs = workloads.random_workload(6, 20, 5, 49152, seed=2)
         reqs[3].prompt[0] = 1001  # the fake server answers this one with 503
+        reqs[5].prompt[0] = 1002  # and fails this one after its first token
         for r in reqs:
             r.arrival_s = None
         cfg = client.RunConfig(base=self.base, model="fake-model", concurrency=3, progress=False)
@@ -106,9 +111,10 @@ class ClientReportTest(unittest.TestCase):
             self.assertEqual((b["max_tokens"], b["ignore_eos"], b["stream"]), (5, True, True))
             self.assertEqual(b["stream_options"], {"include_usage": True})
             self.assertEqual(b["user"], "baton-bench")
-        self.assertEqual([r.ok for r in results], [True, True, True, False, True, True])
+        self.assertEqual([r.ok for r in results], [True, True, True, False, True, False])
         self.assertTrue(results[3].error.startswith("HTTP 503"))
-        for r in (results[i] for i in (0, 1, 2, 4, 5)):
+        self.assertEqual(results[5].error, "stream error: worker w stopped heartbeating")
+        for r in (results[i] for i in (0, 1, 2, 4)):
             self.assertEqual(r.output_tokens, 5)
             self.assertEqual(len(r.itl_s), 4)
             self.assertEqual(r.cached_tokens, 16)
@@ -122,8 +128,8 @@ class ClientReportTest(unittest.TestCase):
         self.assertGreater(duration, 0)
 
         summ = metrics.summarize(results, duration, 1000, 1000)
-        self.assertEqual(summ["stages"]["requests_with_record"], 5)
-        # device-s per request: 0.004 + 0.005 = 0.009; per 1k output tokens: 5 x 0.009 s / 25 tokens x 1000 = 1.8
+        self.assertEqual(summ["stages"]["requests_with_record"], 4)
+        # device-s per request: 0.004 + 0.005 = 0.009; per 1k output tokens: 4 x 0.009 s / 20 tokens x 1000 = 1.8
         self.assertAlmostEqual(summ["stages"]["device_seconds_total_per_request"], 0.009)
         self.assertAlmostEqual(summ["stages"]["device_seconds_per_1k_output_tokens"], 1.8)
         fps = summ.pop("fingerprints")
