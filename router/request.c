@@ -1,6 +1,7 @@
 /* router: request state machine and trace (see request.h). */
 #include "router/request.h"
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,8 @@ void request_free(request_t *r) {
     free(r->prompt);
     free(r->hashes);
     stream_free(r->stream);
+    json_decref(r->logprobs);
+    json_decref(r->logprobs_pending);
     free(r->text);
     free(r);
 }

@@ -70,6 +70,9 @@ typedef struct request {
     char *text;            /* accumulated text (non-streamed responses), owned */
     size_t text_len, text_cap;
     uint32_t completion_tokens;
+    size_t out_bytes;      /* text bytes emitted so far (logprobs text_offset) */
+    void *logprobs;        /* json_t*: every token's logprobs (non-streamed), owned */
+    void *logprobs_pending; /* json_t*: tokens not yet sent in a chunk (streamed), owned */
     uint32_t cached_tokens;
     const char *finish_reason; /* static string once finished */
     bool worker_finished;  /* RequestFinished arrived */

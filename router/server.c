@@ -326,6 +326,7 @@ static void call_complete(call_t *c) {
                 ch[i].text = text;
                 ch[i].len = len;
                 ch[i].finish_reason = r->finish_reason ? r->finish_reason : "stop";
+                ch[i].logprobs = c->params.logprobs ? (json_t *)r->logprobs : NULL;
             }
             send_json_obj(c->req, 200,
                           openai_format_response(c->params.kind, c->id, c->created,
@@ -432,15 +433,19 @@ static void choice_emit(call_t *c, request_t *r, const char *text, size_t len, b
                                                     c->srv->model_name, r->index,
                                                     c->echo_text[r->index],
                                                     c->echo_len[r->index], false, NULL,
-                                                    c->params.include_usage));
+                                                    c->params.include_usage, NULL));
         if (c->params.kind == HTTP_API_COMPLETIONS && first && len == 0 && !finish_reason)
             return;
         stream_write_obj(c, openai_format_chunk(c->params.kind, c->id, c->created,
                                                 c->srv->model_name, r->index, text, len, first,
-                                                finish_reason, c->params.include_usage));
+                                                finish_reason, c->params.include_usage,
+                                                r->logprobs_pending));
+        json_decref(r->logprobs_pending);
+        r->logprobs_pending = NULL;
     } else if (len > 0 && request_append_text(r, text, len) != BATON_OK) {
         LOG_ERROR(COMP, "%s: %s", r->id_hex, baton_last_error());
     }
+    r->out_bytes += len;
 }
 
 static void choice_finish(router_server_t *srv, request_t *r, const char *reason) {
@@ -624,6 +629,25 @@ static void on_token_entry(router_server_t *srv, const proto_token_entry_t *e) {
         }
         r->trace.last_token_us = now;
         r->completion_tokens++;
+        call_t *c = r->call;
+        if (c && c->params.logprobs) {
+            json_t **dst = (json_t **)(c->params.stream ? &r->logprobs_pending : &r->logprobs);
+            if (!*dst)
+                *dst = openai_format_logprobs_new(c->params.kind);
+            int32_t top_ids[PROTO_MAX_TOP_LOGPROBS];
+            float top_lps[PROTO_MAX_TOP_LOGPROBS];
+            size_t n_top = 0;
+            if (e->top_k && e->n_top_logprobs == e->n_token_ids * e->top_k)
+                for (; n_top < e->top_k && n_top < c->params.top_logprobs; n_top++) {
+                    top_ids[n_top] = (int32_t)e->top_logprobs[i * e->top_k + n_top].token;
+                    top_lps[n_top] = e->top_logprobs[i * e->top_k + n_top].logprob;
+                }
+            if (*dst)
+                openai_format_logprobs_add(*dst, c->params.kind, srv->tok,
+                                           (int32_t)e->token_ids[i],
+                                           e->n_logprobs ? e->logprobs[i] : 0.0f, top_ids, top_lps,
+                                           n_top, r->out_bytes);
+        }
         const char *text;
         size_t len;
         bool stopped = false;

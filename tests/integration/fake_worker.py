@@ -184,6 +184,14 @@ class Worker:
             done = st["i"] >= m["sampling"]["max_tokens"]
             entries.append({"request_id": rid, "token_ids": [tok],
                             "finish_reason": "length" if done else "none"})
+            smp = m["sampling"]
+            if smp.get("logprobs"):
+                entries[-1]["logprobs"] = [-0.5]
+                k = smp.get("top_logprobs", 0)
+                if k:
+                    entries[-1]["top_k"] = k
+                    entries[-1]["top_logprobs"] = [{"t": tok, "lp": -0.5}] + [
+                        {"t": (tok + j) % self.args.vocab, "lp": -1.0 - j} for j in range(1, k)]
             if done:
                 del self.decoding[rid]
                 self.used.pop(rid, None)

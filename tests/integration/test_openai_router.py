@@ -123,6 +123,28 @@ def test_openai(c, args):
         check(r6.choices[0].text == full[:full.index(stop)] and
               r6.choices[0].finish_reason == "stop",
               "stop string: text cut before it (%r, stop %r)" % (r6.choices[0].text, stop))
+    # logprobs (chat and completions, streamed and not)
+    r7 = cl.chat.completions.create(model=c.model_id, messages=chat_msgs(q), max_tokens=6,
+                                    temperature=0, logprobs=True, top_logprobs=2)
+    lc = r7.choices[0].logprobs.content if r7.choices[0].logprobs else []
+    check(len(lc) == r7.usage.completion_tokens and all(e.logprob <= 0 for e in lc) and
+          all(len(e.top_logprobs) == 2 for e in lc) and
+          all(bytes(e.bytes).decode("utf-8", "replace") == e.token for e in lc),
+          "chat logprobs: one entry per token, top_logprobs 2, bytes match")
+    if args.workers == "real":
+        check(all(abs(e.top_logprobs[0].logprob - e.logprob) < 1e-4 and
+                  e.top_logprobs[0].token == e.token for e in lc),
+              "chat logprobs: greedy token is the top alternative")
+    st7 = cl.chat.completions.create(model=c.model_id, messages=chat_msgs(q), max_tokens=6,
+                                     temperature=0, logprobs=True, stream=True)
+    lst = [e for ch in st7 for choice in ch.choices if choice.logprobs
+           for e in (choice.logprobs.content or [])]
+    check([e.token for e in lst] == [e.token for e in lc], "chat logprobs: streamed == non-streamed")
+    r8 = cl.completions.create(model=c.model_id, prompt=p, max_tokens=4, temperature=0, logprobs=1)
+    lp8 = r8.choices[0].logprobs
+    check(lp8 is not None and len(lp8.tokens) == r8.usage.completion_tokens and
+          len(lp8.token_logprobs) == len(lp8.tokens) and len(lp8.top_logprobs) == len(lp8.tokens),
+          "completions logprobs shape")
     models = cl.models.list()
     check(models.data[0].id == c.model_id, "models.list")
     if args.workers == "real" and args.baton_cli:
