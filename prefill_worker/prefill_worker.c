@@ -223,6 +223,7 @@ static void send_prefill_done(worker_t *w, req_ctx_t *c, baton_status_t st, cons
         d->queue_us = c->res.queue_us;
         d->compute_us = c->res.compute_us;
         d->transfer_us = transfer_us;
+        d->cached_tokens = (uint32_t)c->res.n_cached_tokens;
     }
     if (to_decode && c->decode_endpoint && *c->decode_endpoint) {
         proto_chan_t *pc = peer_chan(w, c->decode_endpoint);
@@ -400,8 +401,12 @@ static void on_finished(void *arg, const prefill_sched_result_t *res) {
 
 /* ---- message handlers ----------------------------------------------------- */
 
+/* The next step runs from a zero-timeout timer, not event_active: libevent
+ * runs events activated inside a callback in the same pass, so back-to-back
+ * steps would starve the heartbeat and UCX progress timers. */
 static void schedule_step(worker_t *w) {
-    if (!event_pending(w->ev_step, EV_TIMEOUT, NULL)) event_active(w->ev_step, EV_TIMEOUT, 0);
+    static const struct timeval now = {0, 0};
+    if (!event_pending(w->ev_step, EV_TIMEOUT, NULL)) event_add(w->ev_step, &now);
 }
 
 static void handle_prefill_request(worker_t *w, const proto_prefill_request_t *q) {

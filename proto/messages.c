@@ -368,6 +368,8 @@ static const field_t prefill_done_fields[] = {
     U64ANY(proto_prefill_done_t, queue_us, "queue_us"),
     U64ANY(proto_prefill_done_t, compute_us, "compute_us"),
     U64ANY(proto_prefill_done_t, transfer_us, "transfer_us"),
+    {.key = "cached_tokens", .kind = F_U32, .off = OFF(proto_prefill_done_t, cached_tokens),
+     .optional = true, .omit_empty = true, .lo = 0, .hi = UINT32_MAX},
 };
 
 static const field_t token_chunk_fields[] = {

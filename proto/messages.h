@@ -268,6 +268,9 @@ typedef struct proto_prefill_done {
     uint64_t queue_us;                               /* "queue_us" */
     uint64_t compute_us;                             /* "compute_us" */
     uint64_t transfer_us;                            /* "transfer_us" */
+    uint32_t cached_tokens;                          /* "cached_tokens" (optional): prompt
+                                                        tokens the prefill worker reused from
+                                                        its prefix cache (0 when absent) */
 } proto_prefill_done_t;
 
 /* One request's new tokens in a TokenChunk. logprobs is empty or one per

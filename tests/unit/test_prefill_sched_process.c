@@ -403,6 +403,7 @@ int main(int argc, char **argv) {
     if (i >= 0) {
         CHECK_EQ_INT(e.dq.msgs[i].u.prefill_done.status, 0);
         CHECK_EQ_INT(e.dq.msgs[i].u.prefill_done.first_token, ref.token);
+        CHECK_EQ_INT(e.dq.msgs[i].u.prefill_done.cached_tokens, 28); /* 7 blocks, last recomputed */
         check_dest_kv(&e, &ref, dst2, 8);
     }
     model_kv_free(model, &ref.kv);

@@ -592,6 +592,7 @@ static bool optional_key(proto_msg_type_t type, const char *parent, const char *
     static const char *const added[] = {"kv_events_endpoint", "used_blocks", "cache_hit_blocks",
                                         "cache_lookup_blocks", "preemptions", "busy_us", "steps",
                                         "decode_endpoint", "prefill_endpoint"};
+    if (type == PROTO_MSG_PREFILL_DONE && !strcmp(key, "cached_tokens")) return true;
     if (type == PROTO_MSG_KV_DESTINATION && !strcmp(key, "ucx_address")) return true;
     for (size_t i = 0; i < sizeof(added) / sizeof(added[0]); i++)
         if (!strcmp(key, added[i])) return true;

@@ -107,5 +107,16 @@ int main(void) {
     CHECK(out.u.kv_destination.ucx_address &&
           !memcmp(out.u.kv_destination.ucx_address, addr, 37));
     proto_msg_free(&out);
+
+    memset(&in, 0, sizeof(in));
+    in.type = PROTO_MSG_PREFILL_DONE;
+    proto_prefill_done_t *pd = &in.u.prefill_done;
+    strcpy(pd->prefill_worker_id, "prefill-a");
+    pd->first_token = 5;
+    pd->first_logprob = -0.5f;
+    pd->cached_tokens = 48;
+    roundtrip(&in, &out);
+    CHECK_EQ_INT(out.u.prefill_done.cached_tokens, 48);
+    proto_msg_free(&out);
     return TEST_DONE();
 }
