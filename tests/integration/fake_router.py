@@ -52,6 +52,7 @@ class Request:
         self.finish_in_chunk = None
         self.finished = None      # RequestFinished map
         self.prefill_done = None  # PrefillDone copy from the prefill worker
+        self.t_prefill_done = None
         self.t_submit = time.monotonic()
         self.t_first = None       # first TokenChunk entry with tokens
         self.t_done = None
@@ -188,6 +189,7 @@ class FakeRouter:
                     self.unknown.append(m)
                 else:
                     r.prefill_done = m
+                    r.t_prefill_done = now
             else:
                 self.unknown.append(m)
             self.cond.notify_all()

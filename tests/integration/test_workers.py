@@ -269,7 +269,7 @@ def scenario_colocated_abort():
     try:
         colo = start_colocated(procs, router, extra=["--max-batch-tokens", "32"])
         router.wait_registered([colo], timeout=90)
-        prompt = long_prompt(400)
+        prompt = long_prompt(800)
         cached = lambda: router.n_cached(colo)  # noqa: E731
         check(wait_idle(router, colo, cached).get("used_blocks", 0) == 0, "starts with 0 used")
         # during prefill: 400 tokens in chunks of 32 take many steps
@@ -448,7 +448,7 @@ def scenario_disagg_abort():
     try:
         p, d = start_disagg(procs, router, extra_p=["--max-batch-tokens", "32"])
         router.wait_registered([p, d], timeout=120)
-        prompt = long_prompt(400)
+        prompt = long_prompt(800)
         idle = [(p, lambda: router.n_cached(p)), (d, lambda: 0)]
         # during prefill
         rid = router.submit(p, d, prompt, 4)
@@ -497,9 +497,9 @@ def scenario_disagg_kill_decode():
                         "the prefill worker to report the failure")
         r = router.request(rid)
         rep = r.prefill_done or r.finished
-        dt = min(t for t in (r.t_done, time.monotonic()) if t) - t_kill
+        dt = (r.t_prefill_done or r.t_done) - t_kill
         check(rep["status"] != 0, "prefill worker reports failure: %s" % rep.get("error"))
-        check(time.monotonic() - t_kill < 5.0 or dt < 5.0, "reported within 5 s (%.2f s)" % dt)
+        check(dt < 5.0, "reported within 5 s of the kill (%.2f s)" % dt)
         hb = wait_idle(router, p, lambda: router.n_cached(p))
         check(hb.get("used_blocks", 0) == router.n_cached(p),
               "prefill worker freed the request's blocks (used %d == cached %d)"
