@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--per-group", type=int, default=8)
     w.add_argument("--system-len", type=int, default=1024)
     w.add_argument("--question-len", type=int, default=64)
+    w.add_argument("--shuffle", action="store_true",
+                   help="shared-prefix: seeded random order instead of interleaving the groups")
     w.add_argument("--input-len", type=int, default=256, help="random: prompt length")
     w.add_argument("--output-len", type=int, default=32, help="random / shared-prefix: output length")
 
@@ -131,12 +133,12 @@ def make_workload(args) -> tuple:
     elif args.workload == "shared-prefix":
         reqs = workloads.shared_prefix_workload(args.groups, args.per_group, args.system_len,
                                                 args.question_len, args.output_len, args.vocab_size,
-                                                args.seed, args.token_low)
+                                                args.seed, args.token_low, args.shuffle)
         if args.num_requests:
             reqs = reqs[:args.num_requests]
         desc = {"kind": "shared-prefix", "groups": args.groups, "per_group": args.per_group,
                 "system_len": args.system_len, "question_len": args.question_len,
-                "output_len": args.output_len}
+                "output_len": args.output_len, "shuffle": args.shuffle}
         scale = None
     else:
         n = args.num_requests or 100

@@ -6,9 +6,9 @@ Two launchers:
   ``baton-worker --role both`` for --colocated, from a build folder, with the
   options of the cluster wiring contract, every socket on 127.0.0.1 with a
   free port, logs in a folder.
-* ``baton-up``: runs scripts/baton-up (``--prefill N --decode N`` or
-  ``--colocated``, ``--policy``, ``--threads``, ``--model``) and reads the
-  endpoint it prints.
+* ``baton-up``: runs scripts/baton-up (``--port``, ``--prefill N --decode N``
+  or ``--colocated``, ``--policy``, ``--threads``, ``--model``,
+  ``--kv-blocks``, ``--build``, ``--log-dir``, ``-- router options``).
 
 Everything started is stopped by stop() (SIGTERM to each process group, then
 SIGKILL after a grace period)."""
@@ -16,7 +16,6 @@ SIGKILL after a grace period)."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -137,11 +136,19 @@ class Cluster:
             up = os.path.join(self.source_dir, "scripts", "baton-up")
             if not os.access(up, os.X_OK):
                 raise ClusterError(f"scripts/baton-up missing: {up}")
-            argv = [up, "--policy", self.cfg.policy, "--threads", str(self.threads),
-                    "--model", self.model]
+            port = free_port()
+            argv = [up, "--port", str(port), "--policy", self.cfg.policy,
+                    "--threads", str(self.threads), "--model", self.model,
+                    "--kv-blocks", str(self.kv_blocks),
+                    "--log-dir", os.path.join(self.logdir, "baton-up-logs")]
+            if self.build_dir:
+                argv += ["--build", self.build_dir]
             argv += ["--colocated"] if self.cfg.colocated else \
                 ["--prefill", str(self.cfg.prefill), "--decode", str(self.cfg.decode)]
+            if self.router_args:
+                argv += ["--"] + self.router_args
             self._spawn("baton-up", argv)
+            self.base = f"http://127.0.0.1:{port}"
         else:
             router = self.binary("router", "baton-router")
             argvs = []
@@ -168,10 +175,6 @@ class Cluster:
                     tail = self.log(name)
                     self.stop()
                     raise ClusterError(f"{name} exited with {p.returncode}; log tail:\n{tail}")
-            if self.launcher == "baton-up" and not self.base:
-                m = re.search(r"http://127\.0\.0\.1:\d+", self.log("baton-up"))
-                if m:
-                    self.base = m.group(0)
             if self.base and _healthy(self.base):
                 return self
             time.sleep(0.25)

@@ -172,11 +172,13 @@ def load_mooncake_trace(path: str, scale: TraceScale, vocab_size: int,
 
 def shared_prefix_workload(groups: int, per_group: int, system_len: int,
                            question_len: int, output_len: int, vocab_size: int,
-                           seed: int = 0, token_low: int = 1000) -> List[BenchRequest]:
+                           seed: int = 0, token_low: int = 1000,
+                           shuffle: bool = False) -> List[BenchRequest]:
     """groups x per_group requests; request j of group g has prompt
     system[g] + question[g, j].  Requests are interleaved across groups
-    (g0q0, g1q0, ..., g0q1, ...), as SGLang's generated-shared-prefix
-    workload sends them.  Deterministic in seed."""
+    (g0q0, g1q0, ..., g0q1, ...), or in a seeded random order with shuffle
+    (interleaving lets round-robin over a divisor of `groups` workers keep
+    every group on one worker).  Deterministic in seed."""
     if min(groups, per_group, output_len) < 1 or system_len < 0 or question_len < 0 \
             or system_len + question_len < 1:
         raise WorkloadError("shared-prefix: groups, per-group, output length >= 1 and a "
@@ -189,6 +191,11 @@ def shared_prefix_workload(groups: int, per_group: int, system_len: int,
             q = rng.integers(token_low, vocab_size, size=question_len).tolist()
             out.append(BenchRequest(index=len(out), prompt=systems[g] + q,
                                     max_tokens=output_len, group=g))
+    if shuffle:
+        order = rng.permutation(len(out))
+        out = [out[i] for i in order]
+        for i, r in enumerate(out):
+            r.index = i
     return out
 
 

@@ -107,6 +107,14 @@ class SyntheticTest(unittest.TestCase):
         self.assertEqual(st["prompt_tokens"], 288)
         self.assertEqual(st["output_tokens"], 42)
 
+    def test_shared_prefix_shuffle(self):
+        a = workloads.shared_prefix_workload(2, 3, 32, 16, 7, V, seed=1)
+        b = workloads.shared_prefix_workload(2, 3, 32, 16, 7, V, seed=1, shuffle=True)
+        self.assertEqual(sorted(r.prompt for r in a), sorted(r.prompt for r in b))
+        self.assertEqual([r.index for r in b], list(range(6)))
+        c = workloads.shared_prefix_workload(2, 3, 32, 16, 7, V, seed=1, shuffle=True)
+        self.assertEqual([r.prompt for r in b], [r.prompt for r in c])
+
     def test_random(self):
         a = workloads.random_workload(4, 10, 3, V, seed=5)
         b = workloads.random_workload(4, 10, 3, V, seed=5)
