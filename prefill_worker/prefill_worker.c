@@ -378,6 +378,9 @@ static void on_finished(void *arg, const prefill_sched_result_t *res) {
     worker_t *w = arg;
     req_ctx_t *c = res->user;
     if (res->status != BATON_OK) {
+        char hex[33];
+        id_hex(c->id, hex);
+        LOG_WARN(COMP, "request %s failed: %s", hex, res->error);
         c->has_request = c->has_dest = false; /* the scheduler has dropped it */
         send_prefill_done(w, c, res->status, res->error, true, 0, 0);
         ctx_free(w, c);
