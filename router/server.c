@@ -218,12 +218,21 @@ static void release_load(router_server_t *srv, request_t *r) {
 
 /* ---- call lifecycle ---- */
 
+static void request_retire(router_server_t *srv, request_t *r);
+
+/* Frees the call. Its choices stay in the request table until their
+ * RequestFinished (or the linger deadline); those already reported by their
+ * worker are retired now. */
 static void call_free(call_t *c) {
     if (!c)
         return;
     for (size_t i = 0; i < c->n_choices; i++) {
-        if (c->choices[i])
-            c->choices[i]->call = NULL;
+        request_t *r = c->choices[i];
+        if (r) {
+            r->call = NULL;
+            if (r->done && r->worker_finished && request_table_find(&c->srv->requests, &r->id) == r)
+                request_retire(c->srv, r);
+        }
         if (c->echo_text)
             free(c->echo_text[i]);
     }
@@ -492,17 +501,13 @@ static void choice_fail(router_server_t *srv, request_t *r, int http_status, con
     }
 }
 
+/* Logs the request's trace line and frees it; r->call must be NULL (the
+ * call no longer needs it). */
 static void request_retire(router_server_t *srv, request_t *r) {
     char line[1024];
     request_trace_format(r, line, sizeof(line));
     LOG_INFO(COMP, "%s", line);
     request_table_remove(&srv->requests, r);
-    if (r->call) {
-        call_t *c = r->call;
-        for (size_t i = 0; i < c->n_choices; i++)
-            if (c->choices[i] == r)
-                c->choices[i] = NULL;
-    }
     request_free(r);
 }
 
@@ -711,7 +716,8 @@ static void on_request_finished(router_server_t *srv, const proto_request_finish
         metrics_hist_observe(&m->transfer, (double)r->trace.transfer_us / 1e6);
         metrics_hist_observe(&m->decode, (double)r->trace.decode_us / 1e6);
     }
-    request_retire(srv, r);
+    if (!r->call) /* else the call still needs its text; call_free retires it */
+        request_retire(srv, r);
 }
 
 static void on_control_msg(void *arg, proto_chan_t *chan, const char *peer, proto_msg_t *msg) {
@@ -889,7 +895,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
             snprintf(msg, sizeof(msg), "request timed out in state %s",
                      request_state_name(r->state));
             choice_fail(srv, r, 504, "timeout", msg);
-        } else if (r->done && now > r->trace.finished_us / 1000 + LINGER_MS) {
+        } else if (r->done && !r->call && now > r->trace.finished_us / 1000 + LINGER_MS) {
             request_retire(srv, r);
         }
         if (srv->requests.n == n_before)
@@ -1463,6 +1469,18 @@ static void handle_metrics(router_server_t *srv, struct evhttp_request *req) {
             (unsigned long long)w->inflight_prefill_tokens, lab, info.n_blocks, lab,
             info.n_speculative, lab, stale < 0 ? -1.0 : (double)stale / 1000.0);
     }
+    uint64_t hit = 0, lookup = 0;
+    for (uint32_t i = 0; i < WORKER_TABLE_MAX; i++)
+        if (srv->workers.w[i].used && srv->workers.w[i].role != PROTO_ROLE_DECODE) {
+            hit += srv->workers.w[i].hb.cache_hit_blocks;
+            lookup += srv->workers.w[i].hb.cache_lookup_blocks;
+        }
+    metrics_text_printf(&t,
+                        "# HELP baton_router_worker_measured_hit_rate Prefix-cache hit blocks / "
+                        "looked-up blocks summed over the prefill workers' heartbeats.\n"
+                        "# TYPE baton_router_worker_measured_hit_rate gauge\n"
+                        "baton_router_worker_measured_hit_rate %.6f\n",
+                        lookup ? (double)hit / (double)lookup : 0.0);
     const proto_stats_t *ps = proto_chan_stats(srv->control);
     metrics_text_printf(&t, "# TYPE baton_router_proto_errors_total counter\n"
                             "baton_router_proto_errors_total %llu\n",
@@ -1687,14 +1705,20 @@ void router_server_free(router_server_t *srv) {
     if (!srv)
         return;
     /* answer and abort everything in flight */
+    for (;;) { /* answer every open call (frees it, detaching its choices) */
+        call_t *c = NULL;
+        for (size_t i = 0; i < srv->requests.n && !c; i++)
+            c = srv->requests.items[i]->call;
+        if (!c)
+            break;
+        http_api_error_t err;
+        http_api_error_set(&err, 503, "server_error", NULL, "shutting_down",
+                           "the router is shutting down");
+        call_fail(c, &err);
+    }
     while (srv->requests.n > 0) {
         request_t *r = srv->requests.items[0];
-        if (!r->done && r->call) {
-            http_api_error_t err;
-            http_api_error_set(&err, 503, "server_error", NULL, "shutting_down",
-                               "the router is shutting down");
-            call_fail(r->call, &err);
-        } else if (!r->done) {
+        if (!r->done) {
             send_abort(srv, r, "router shutting down");
             r->done = true;
         }

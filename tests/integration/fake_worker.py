@@ -71,6 +71,8 @@ class Worker:
             self.pub.bind("tcp://127.0.0.1:*")
             self.pub_ep = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.total_blocks = args.kv_blocks
+        self.hit_blocks = 0
+        self.lookup_blocks = 0
         self.used = {}  # request id -> blocks
         self.decoding = {}  # request id -> state
         self.prefills = []  # (due, msg)
@@ -100,6 +102,7 @@ class Worker:
             "n_running": len(self.decoding), "n_waiting": 0,
             "free_blocks": self.total_blocks - used, "total_blocks": self.total_blocks,
             "batch_occupancy": 0.0, "used_blocks": used,
+            "cache_hit_blocks": self.hit_blocks, "cache_lookup_blocks": self.lookup_blocks,
         })
 
     def publish(self, tokens):
@@ -165,6 +168,8 @@ class Worker:
                     break
                 hit += self.args.block_size
             HITS[rid] = hit
+            self.hit_blocks += hit // self.args.block_size
+            self.lookup_blocks += len(m["token_ids"]) // self.args.block_size
             self.publish(m["token_ids"])
             self.send({"type": "prefill_done", "request_id": rid, "prefill_worker_id": self.id,
                        "status": 0, "error": "", "first_token": m["token_ids"][0],

@@ -313,7 +313,7 @@ def test_cancel(c, args):
 
 
 def test_routing(args):
-    shared = ("You are a meticulous assistant for a shipping company. " * 24).strip()
+    shared = ("You are a meticulous assistant for a shipping company. " * 12).strip()
     with Cluster(args.build, workers=args.workers, n_prefill=2,
                  router_args=["--max-body-bytes", "65536"]) as c:
         cl = client(c)
@@ -324,9 +324,12 @@ def test_routing(args):
                     if k.startswith("baton_router_worker_routed_total{") and 'role="prefill"' in k}
 
         def hits():
+            time.sleep(1.2)  # a heartbeat after the last request
             m = c.metrics()
-            return (m["baton_router_predicted_hit_blocks_total"],
-                    m["baton_router_measured_cached_tokens_total"])
+            measured = sum(v for k, v in m.items()
+                           if k.startswith("baton_worker_cache_hit_blocks_total{") and
+                           'role="prefill"' in k)
+            return m["baton_router_predicted_hit_blocks_total"], measured
 
         before = routed()
         pred0, meas0 = hits()
@@ -340,18 +343,18 @@ def test_routing(args):
         check(sorted(delta.values()) == [0, 4], "routing: shared prefix stays on one worker (%s)"
               % delta)
         pred1, meas1 = hits()
-        check(pred1 - pred0 > 0 and (pred1 - pred0) * 16 == meas1 - meas0,
-              "routing: predicted hit == measured hit (%d blocks = %d tokens; measured %d)"
-              % (pred1 - pred0, (pred1 - pred0) * 16, meas1 - meas0))
+        check(pred1 - pred0 > 0 and pred1 - pred0 == meas1 - meas0,
+              "routing: predicted hit == the prefill workers' measured hit (%d vs %d blocks)"
+              % (pred1 - pred0, meas1 - meas0))
         before = routed()
-        for i in range(6):
+        for i in range(4):
             cl.chat.completions.create(
                 model=c.model_id, max_tokens=2, temperature=0,
-                messages=[{"role": "system", "content": ("Topic %d. " % i) * 60},
+                messages=[{"role": "system", "content": ("Topic %d. " % i) * 20},
                           {"role": "user", "content": "Go."}])
         after = routed()
         delta = {w: after.get(w, 0) - before.get(w, 0) for w in after}
-        check(min(delta.values()) >= 2, "routing: distinct prefixes spread over both (%s)" % delta)
+        check(min(delta.values()) >= 1, "routing: distinct prefixes spread over both (%s)" % delta)
         codes = c.stop()
         check(all(v in (0, -15) for v in codes.values()), "routing cluster: clean exit %s" % codes)
 
