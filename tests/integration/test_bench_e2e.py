@@ -75,7 +75,10 @@ def main():
         if s["requests_sent"] != N or len(run["requests"]) != N:
             fail(f"report counts {s['requests_sent']} requests sent, {len(run['requests'])} rows; sent {N}")
         if s["requests_completed"] != N:
-            fail(f"{s['requests_failed']} of {N} requests failed: {s['errors']}")
+            dead = [f"{name} exited {pr.returncode}:\n{cl.log(name)[-1500:]}"
+                    for name, pr, _ in cl.procs if pr.poll() is not None]
+            fail(f"{s['requests_failed']} of {N} requests failed: {s['errors']} (cluster logs in {cl.logdir})"
+                 + ("\n" + "\n".join(dead) if dead else ""))
         if s["total_output_tokens"] != N * OUT_LEN:
             fail(f"output tokens {s['total_output_tokens']} != {N} x {OUT_LEN} (ignore_eos fixed length)")
         if s["total_input_tokens"] != N * 80:
