@@ -22,7 +22,8 @@ SOURCE = os.environ.get("BATON_SOURCE_DIR") or os.path.abspath(
 sys.path.insert(0, os.path.join(SOURCE, "scripts"))
 from bench_serving import cluster, metrics  # noqa: E402
 
-N_GROUPS, PER_GROUP, OUT_LEN = 5, 10, 8
+N_GROUPS, PER_GROUP, OUT_LEN = 5, 10, 4
+SYSTEM_LEN, QUESTION_LEN = 32, 16  # small: the test build is ASan/UBSan on 2 cores
 N = N_GROUPS * PER_GROUP
 
 
@@ -57,7 +58,7 @@ def main():
             out = os.path.join(d, "report.json")
             cmd = [os.path.join(SOURCE, "scripts", "baton-bench"), "--endpoint", cl.base,
                    "--workload", "shared-prefix", "--groups", str(N_GROUPS), "--per-group", str(PER_GROUP),
-                   "--system-len", "64", "--question-len", "16", "--output-len", str(OUT_LEN),
+                   "--system-len", str(SYSTEM_LEN), "--question-len", str(QUESTION_LEN), "--output-len", str(OUT_LEN),
                    "--concurrency", "4", "--no-progress", "--output-json", out,
                    "--slo-ttft-ms", "5000", "--slo-tpot-ms", "1000", "--request-timeout-s", "120"]
             env = dict(os.environ, BATON_PYTHON=sys.executable)
@@ -81,8 +82,8 @@ def main():
                  + ("\n" + "\n".join(dead) if dead else ""))
         if s["total_output_tokens"] != N * OUT_LEN:
             fail(f"output tokens {s['total_output_tokens']} != {N} x {OUT_LEN} (ignore_eos fixed length)")
-        if s["total_input_tokens"] != N * 80:
-            fail(f"input tokens {s['total_input_tokens']} != {N} x 80")
+        if s["total_input_tokens"] != N * (SYSTEM_LEN + QUESTION_LEN):
+            fail(f"input tokens {s['total_input_tokens']} != {N} x {SYSTEM_LEN + QUESTION_LEN}")
         md = run["metrics_delta"]
         if md.get("server_requests_ok") not in (float(N), metrics.NOT_REPORTED):
             fail(f"router /metrics counted {md.get('server_requests_ok')} ok requests, the client {N}")
