@@ -17,6 +17,7 @@ import queue
 import secrets
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -356,6 +357,23 @@ def worker_binary(role):
     return os.path.join(binary_dir(), sub, name)
 
 
+def _die_with_parent():
+    """In the child before exec: SIGTERM when the test driver dies (even
+    by SIGKILL, e.g. a ctest timeout), so no worker outlives its test."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def exit_on_sigterm():
+    """Turns SIGTERM into SystemExit so the caller's finally stops its
+    processes."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 class Procs:
     """Started processes, each logging to its own file; stop_all() kills
     whatever is still running (call it in a finally)."""
@@ -371,7 +389,8 @@ class Procs:
         e.setdefault("ASAN_OPTIONS", "detect_leaks=1")
         if env:
             e.update(env)
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=e)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=e,
+                             preexec_fn=_die_with_parent)
         self.procs[name] = (p, log)
         return p
 
