@@ -99,7 +99,11 @@ typedef struct backend_ops {
 
     /* --- ops --- */
     /* y[n, out] = x[n, in] * W^T, W [out, in]. If `bias` is not NULL (a
-     * [1, out] weight) it is added. y must not alias x. */
+     * [1, out] weight) it is added. y must not alias x.
+     * Batch invariance (CPU): for n <= 64 (decode-sized steps) each row
+     * y[t, :] is bit-identical whatever n, the other rows and the thread
+     * count are (fixed reduction order along `in`); larger n goes to
+     * OpenBLAS sgemm and carries no such guarantee. */
     baton_status_t (*matmul)(backend_t *be, const backend_weight_t *w,
                              const backend_weight_t *bias, const float *x, float *y,
                              int32_t n);
@@ -138,7 +142,10 @@ typedef struct backend_ops {
      * blocks (cached prefix and this step's tokens, already written by
      * kv_write): q [n_tokens, n_heads, head_dim] -> out [n_tokens, n_heads *
      * head_dim], scale = 1/sqrt(head_dim), GQA: head h reads KV head
-     * h / (n_heads / n_kv_heads). */
+     * h / (n_heads / n_kv_heads).
+     * Batch invariance (CPU): a token's output depends only on its own
+     * query, its sequence's KV and the geometry, so it is bit-identical in
+     * any batch and at any thread count. */
     baton_status_t (*attention)(backend_t *be, const backend_kv_geom_t *geom,
                                 const void *k_pool, const void *v_pool, int32_t layer,
                                 const backend_attn_batch_t *b, const float *q, float *out,

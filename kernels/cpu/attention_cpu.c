@@ -13,10 +13,20 @@
  * sequence, one KV head, a run of that KV head's query heads), so every
  * K/V row read serves all the tile's tokens and the GQA group's heads.
  * Tiles are handed out last first: under the causal mask later tokens do
- * the most work. When there are too few (tile, head) units to feed every
- * thread (a decode step of a few long sequences), each unit's keys are also
- * split into ranges whose partial (acc, m, l) are merged afterwards
- * (split-K, as in flash-decoding). */
+ * the most work.
+ *
+ * Batch invariance. A row's keys are always cut into segments of a fixed
+ * number of keys (ATTN_SEG_KEYS rounded up to whole blocks, absolute
+ * positions 0, seg, 2 seg, ...); each segment runs its own online softmax
+ * into a partial (acc, m, l) and the partials are merged in segment order
+ * (split-K, as in flash-decoding). Segments, chunks and the merge depend
+ * only on the row's own context length and the KV geometry, so a token's
+ * output is bit-identical alone or in any batch and at any thread count.
+ * What the batch and the thread count decide is only who computes the
+ * segments: when there are too few (tile, head) units to feed every thread
+ * (a decode step of a few long sequences), a unit's segments are spread
+ * over several tasks whose partials a merge pass combines; otherwise one
+ * task computes and merges all of a unit's segments in its scratch. */
 #include <math.h>
 
 #include "kernels/cpu/backend_cpu.h"
@@ -24,7 +34,7 @@
 #define ATTN_CHUNK 64          /* keys scored at once, per row */
 #define ATTN_TILE 16           /* query tokens of one sequence per task */
 #define ATTN_MAX_GROUP_ROWS 64 /* query heads per KV head handled */
-#define ATTN_SPLIT_MIN_KEYS 256 /* shortest key range worth a split-K task */
+#define ATTN_SEG_KEYS 256      /* keys per softmax segment (rounded up to whole blocks) */
 
 /* Validates geometry, layer and batch metadata so that every block-table
  * lookup below is in range. Nothing is written before this passes. */
@@ -110,12 +120,15 @@ typedef struct {
     int32_t n_tiles;
     int32_t n_heads, group, heads_per_task, subs_per_kvh;
     float scale;
-    /* Split-K (few units, long contexts): each unit's keys are cut into
-     * n_splits ranges of split_keys keys; split tasks leave unnormalized
-     * (acc, m, l) in `partial` and attn_merge_task combines them. */
-    int32_t n_splits, split_keys;
-    float *partial;        /* [units, n_splits, rows_max, head_dim + 2] */
-    size_t partial_stride; /* floats per (unit, split) */
+    /* Segments: seg_keys keys each (a multiple of block_size); the longest
+     * row of the batch has max_segs. A segment's partial is [rows, hd] acc,
+     * then [rows] m, [rows] l: seg_stride floats. With n_splits > 1 task
+     * (unit, split) computes segments split * segs_per_split .. + segs_per_split
+     * - 1 into `partial` and attn_merge_task merges them; with n_splits == 1
+     * a task computes all of its unit's segments in its scratch and merges. */
+    int32_t seg_keys, max_segs, n_splits, segs_per_split;
+    float *partial;    /* [units, max_segs, seg_stride] */
+    size_t seg_stride; /* floats per (unit, segment) */
 } attn_args_t;
 
 /* Scores of 4 query rows against one key: out[r] = q_r . k (4-wide
@@ -142,11 +155,59 @@ static inline void dot4(const float *q0, const float *q1, const float *q2, const
     out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
 }
 
+/* One query row's score, in exactly dot4's per-row order (so a row's score
+ * does not depend on how many rows share its task). */
+static inline float dot1(const float *q0, const float *k, int32_t n) {
+    int32_t i = 0;
+    cpu_v4 s0 = {0};
+    for (; i + 4 <= n; i += 4) {
+        cpu_v4 kv = cpu_v4_load(k + i);
+        s0 += cpu_v4_load(q0 + i) * kv;
+    }
+    float r0 = (s0[0] + s0[1]) + (s0[2] + s0[3]);
+    for (; i < n; i++)
+        r0 += q0[i] * k[i];
+    return r0;
+}
+
+/* Merges `n_segs` segment partials at `base` (seg_stride apart) of a task's
+ * `rows` rows into out: with M = max_s m_s, out = sum_s exp(m_s - M) acc_s /
+ * sum_s exp(m_s - M) l_s, segments in order. A segment none of whose keys a
+ * row sees has m_s = -inf and is skipped (so trailing empty segments change
+ * nothing). */
+static void attn_merge_rows(const attn_args_t *a, const float *base, int32_t n_segs, int32_t t0,
+                            int32_t h0, int32_t rows) {
+    const int32_t hd = a->g->head_dim, hn = a->heads_per_task;
+    for (int32_t r = 0; r < rows; r++) {
+        float mx = -INFINITY;
+        for (int32_t s = 0; s < n_segs; s++) {
+            const float ms = base[(size_t)s * a->seg_stride + (size_t)rows * hd + r];
+            mx = ms > mx ? ms : mx;
+        }
+        const int32_t i = r / hn, h = r % hn;
+        float *o = a->out + ((int64_t)(t0 + i) * a->n_heads + h0 + h) * hd;
+        memset(o, 0, (size_t)hd * sizeof(float));
+        float den = 0.0f;
+        for (int32_t s = 0; s < n_segs; s++) {
+            const float *p = base + (size_t)s * a->seg_stride;
+            const float ms = p[(size_t)rows * hd + r], ls = p[(size_t)rows * hd + rows + r];
+            if (ms == -INFINITY)
+                continue;
+            const float w = expf(ms - mx);
+            den += w * ls;
+            cpu_vec_axpy(o, w, p + (size_t)r * hd, hd);
+        }
+        const float inv = 1.0f / den; /* the segment holding the max has w = 1, l >= 1 */
+        for (int32_t d = 0; d < hd; d++)
+            o[d] *= inv;
+    }
+}
+
 /* One task: a tile of up to ATTN_TILE consecutive tokens of one sequence x
- * one KV head x `hn` of its query heads. Row r = i * hn + h is query token
- * i of the tile, head h0 + h; it sees keys 0..tok_pos + 1 - 1. Keys are
- * walked block by block in chunks of ATTN_CHUNK; each K/V row is read once
- * for all rows of the tile. */
+ * one KV head x `hn` of its query heads, and a range of key segments. Row r
+ * = i * hn + h is query token i of the tile, head h0 + h; it sees keys
+ * 0..tok_pos + 1 - 1. Keys are walked block by block in chunks of
+ * ATTN_CHUNK; each K/V row is read once for all rows of the tile. */
 static void attn_task(void *argp, int64_t task, int worker) {
     const attn_args_t *a = argp;
     const backend_kv_geom_t *g = a->g;
@@ -162,16 +223,7 @@ static void attn_task(void *argp, int64_t task, int worker) {
     const int32_t rows = nq * hn;
 
     float *ws = a->scratch + (size_t)worker * a->scratch_floats;
-    float *acc, *sc, *m, *l;
-    if (a->n_splits > 1) {
-        acc = a->partial + (size_t)task * a->partial_stride; /* [rows, hd] */
-        sc = ws;                                             /* [rows, ATTN_CHUNK] */
-    } else {
-        acc = ws;                   /* [rows, hd] */
-        sc = acc + (size_t)rows * hd; /* [rows, ATTN_CHUNK] */
-    }
-    m = (a->n_splits > 1 ? acc + (size_t)rows * hd : sc + (size_t)rows * ATTN_CHUNK); /* [rows] */
-    l = m + rows;                                                                     /* [rows] */
+    float *sc = ws; /* [rows, ATTN_CHUNK] scores */
     const float *qr[ATTN_TILE * ATTN_MAX_GROUP_ROWS];
     int32_t nkv[ATTN_TILE * ATTN_MAX_GROUP_ROWS]; /* keys visible to each row */
     int32_t n_kv = 0;                             /* keys any row sees */
@@ -183,116 +235,101 @@ static void attn_task(void *argp, int64_t task, int worker) {
             nkv[i * hn + h] = visible;
         }
     }
-    for (int32_t r = 0; r < rows; r++) {
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+    /* segments [seg_lo, seg_hi) of this task, partials at `base` */
+    int32_t seg_lo, seg_hi;
+    float *base;
+    if (a->n_splits > 1) {
+        seg_lo = split * a->segs_per_split;
+        seg_hi = seg_lo + a->segs_per_split < a->max_segs ? seg_lo + a->segs_per_split : a->max_segs;
+        base = a->partial + (size_t)unit * a->max_segs * a->seg_stride;
+    } else {
+        seg_lo = 0;
+        seg_hi = (n_kv + a->seg_keys - 1) / a->seg_keys;
+        base = ws + (size_t)rows * ATTN_CHUNK;
     }
-    memset(acc, 0, (size_t)rows * hd * sizeof(float));
 
     const int64_t row = (int64_t)g->n_kv_heads * hd; /* floats per slot */
     const int64_t block_elems = (int64_t)bs * row;
     const int32_t *bt = b->block_tables + (int64_t)b->tok_seq[t0] * b->max_blocks;
 
-    /* this task's keys: [key_lo, key_hi), key_lo a multiple of block_size */
-    const int32_t key_lo = a->n_splits > 1 ? split * a->split_keys : 0;
-    const int32_t key_hi =
-        a->n_splits > 1 && (int64_t)key_lo + a->split_keys < n_kv ? key_lo + a->split_keys : n_kv;
-    for (int32_t j0 = key_lo; j0 < key_hi; j0 += bs) {
-        const int64_t blk_off = (int64_t)bt[j0 / bs] * block_elems + (int64_t)kvh * hd;
-        const float *kb = a->k_layer + blk_off, *vb = a->v_layer + blk_off;
-        const int32_t blen = key_hi - j0 < bs ? key_hi - j0 : bs;
-        for (int32_t c0 = 0; c0 < blen; c0 += ATTN_CHUNK) {
-            const int32_t cn = blen - c0 < ATTN_CHUNK ? blen - c0 : ATTN_CHUNK;
-            const int32_t jc = j0 + c0; /* absolute position of the chunk's first key */
-            /* scores; rows that see no key of this chunk are skipped */
-            for (int32_t c = 0; c < cn; c++) {
-                const float *kr = kb + (int64_t)(c0 + c) * row;
-                int32_t r = 0;
-                for (; r + 4 <= rows; r += 4) {
-                    float d[4];
-                    dot4(qr[r], qr[r + 1], qr[r + 2], qr[r + 3], kr, hd, d);
-                    for (int32_t u = 0; u < 4; u++)
-                        sc[(r + u) * ATTN_CHUNK + c] = jc + c < nkv[r + u] ? d[u] * a->scale : -INFINITY;
-                }
-                for (; r < rows; r++)
-                    sc[r * ATTN_CHUNK + c] =
-                        jc + c < nkv[r] ? cpu_vec_dot(qr[r], kr, hd) * a->scale : -INFINITY;
-            }
-            /* online softmax update */
-            for (int32_t r = 0; r < rows; r++) {
-                if (nkv[r] <= jc)
-                    continue;
-                float *s = sc + r * ATTN_CHUNK;
-                float mx = m[r];
-                for (int32_t c = 0; c < cn; c++)
-                    mx = s[c] > mx ? s[c] : mx;
-                const float corr = expf(m[r] - mx); /* 0 on the first chunk (m = -inf) */
-                float sum = 0.0f;
+    for (int32_t seg = seg_lo; seg < seg_hi; seg++) {
+        float *acc = base + (size_t)seg * a->seg_stride; /* [rows, hd] */
+        float *m = acc + (size_t)rows * hd, *l = m + rows; /* [rows] each */
+        for (int32_t r = 0; r < rows; r++) {
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+        }
+        memset(acc, 0, (size_t)rows * hd * sizeof(float));
+        /* this segment's keys: [key_lo, key_hi), key_lo a multiple of block_size */
+        const int32_t key_lo = seg * a->seg_keys;
+        const int32_t key_hi = (int64_t)key_lo + a->seg_keys < n_kv ? key_lo + a->seg_keys : n_kv;
+        for (int32_t j0 = key_lo; j0 < key_hi; j0 += bs) {
+            const int64_t blk_off = (int64_t)bt[j0 / bs] * block_elems + (int64_t)kvh * hd;
+            const float *kb = a->k_layer + blk_off, *vb = a->v_layer + blk_off;
+            const int32_t blen = key_hi - j0 < bs ? key_hi - j0 : bs;
+            for (int32_t c0 = 0; c0 < blen; c0 += ATTN_CHUNK) {
+                const int32_t cn = blen - c0 < ATTN_CHUNK ? blen - c0 : ATTN_CHUNK;
+                const int32_t jc = j0 + c0; /* absolute position of the chunk's first key */
+                /* scores; rows that see no key of this chunk are skipped */
                 for (int32_t c = 0; c < cn; c++) {
-                    s[c] = expf(s[c] - mx); /* masked: exp(-inf) = 0 */
-                    sum += s[c];
+                    const float *kr = kb + (int64_t)(c0 + c) * row;
+                    int32_t r = 0;
+                    for (; r + 4 <= rows; r += 4) {
+                        float d[4];
+                        dot4(qr[r], qr[r + 1], qr[r + 2], qr[r + 3], kr, hd, d);
+                        for (int32_t u = 0; u < 4; u++)
+                            sc[(r + u) * ATTN_CHUNK + c] =
+                                jc + c < nkv[r + u] ? d[u] * a->scale : -INFINITY;
+                    }
+                    for (; r < rows; r++)
+                        sc[r * ATTN_CHUNK + c] =
+                            jc + c < nkv[r] ? dot1(qr[r], kr, hd) * a->scale : -INFINITY;
                 }
-                l[r] = l[r] * corr + sum;
-                m[r] = mx;
-                if (corr != 1.0f)
-                    for (int32_t i = 0; i < hd; i++)
-                        acc[(int64_t)r * hd + i] *= corr;
-            }
-            /* acc += p V */
-            for (int32_t c = 0; c < cn; c++) {
-                const float *vr = vb + (int64_t)(c0 + c) * row;
-                for (int32_t r = 0; r < rows; r++)
-                    if (jc + c < nkv[r])
-                        cpu_vec_axpy(acc + (int64_t)r * hd, sc[r * ATTN_CHUNK + c], vr, hd);
+                /* online softmax update */
+                for (int32_t r = 0; r < rows; r++) {
+                    if (nkv[r] <= jc)
+                        continue;
+                    float *s = sc + r * ATTN_CHUNK;
+                    float mx = m[r];
+                    for (int32_t c = 0; c < cn; c++)
+                        mx = s[c] > mx ? s[c] : mx;
+                    const float corr = expf(m[r] - mx); /* 0 on the first chunk (m = -inf) */
+                    float sum = 0.0f;
+                    for (int32_t c = 0; c < cn; c++) {
+                        s[c] = expf(s[c] - mx); /* masked: exp(-inf) = 0 */
+                        sum += s[c];
+                    }
+                    l[r] = l[r] * corr + sum;
+                    m[r] = mx;
+                    if (corr != 1.0f)
+                        for (int32_t i = 0; i < hd; i++)
+                            acc[(int64_t)r * hd + i] *= corr;
+                }
+                /* acc += p V */
+                for (int32_t c = 0; c < cn; c++) {
+                    const float *vr = vb + (int64_t)(c0 + c) * row;
+                    for (int32_t r = 0; r < rows; r++)
+                        if (jc + c < nkv[r])
+                            cpu_vec_axpy(acc + (int64_t)r * hd, sc[r * ATTN_CHUNK + c], vr, hd);
+                }
             }
         }
     }
-    if (a->n_splits > 1)
-        return; /* attn_merge_task normalizes */
-    for (int32_t r = 0; r < rows; r++) {
-        const float inv = 1.0f / l[r]; /* l >= 1: the max term contributes exp(0) */
-        float *o = a->out + (qr[r] - a->q);
-        for (int32_t i = 0; i < hd; i++)
-            o[i] = acc[(int64_t)r * hd + i] * inv;
-    }
+    if (a->n_splits == 1)
+        attn_merge_rows(a, base, seg_hi, t0, h0, rows);
 }
 
-/* Combines one unit's split partials: with M = max_s m_s, out = sum_s
- * exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s. A split none of whose keys a
- * row sees has m_s = -inf and weight 0. */
+/* Merges one unit's segment partials after split tasks computed them. */
 static void attn_merge_task(void *argp, int64_t unit, int worker) {
     const attn_args_t *a = argp;
-    const int32_t hd = a->g->head_dim, hn = a->heads_per_task;
+    const int32_t hn = a->heads_per_task;
     const int64_t per_tile = (int64_t)a->g->n_kv_heads * a->subs_per_kvh;
     const int32_t tile = a->n_tiles - 1 - (int32_t)(unit / per_tile);
     const int32_t kvh = (int32_t)(unit % per_tile) / a->subs_per_kvh;
     const int32_t h0 = kvh * a->group + (int32_t)(unit % per_tile) % a->subs_per_kvh * hn;
     const int32_t t0 = a->tiles[2 * tile], nq = a->tiles[2 * tile + 1];
-    const int32_t rows = nq * hn;
-    const float *base = a->partial + (size_t)unit * a->n_splits * a->partial_stride;
-    for (int32_t r = 0; r < rows; r++) {
-        float mx = -INFINITY;
-        for (int32_t s = 0; s < a->n_splits; s++) {
-            const float ms = base[(size_t)s * a->partial_stride + (size_t)rows * hd + r];
-            mx = ms > mx ? ms : mx;
-        }
-        const int32_t i = r / hn, h = r % hn;
-        float *o = a->out + ((int64_t)(t0 + i) * a->n_heads + h0 + h) * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        float den = 0.0f;
-        for (int32_t s = 0; s < a->n_splits; s++) {
-            const float *p = base + (size_t)s * a->partial_stride;
-            const float ms = p[(size_t)rows * hd + r], ls = p[(size_t)rows * hd + rows + r];
-            if (ms == -INFINITY)
-                continue;
-            const float w = expf(ms - mx);
-            den += w * ls;
-            cpu_vec_axpy(o, w, p + (size_t)r * hd, hd);
-        }
-        const float inv = 1.0f / den; /* the split holding the max has w = 1, l >= 1 */
-        for (int32_t d = 0; d < hd; d++)
-            o[d] *= inv;
-    }
+    attn_merge_rows(a, a->partial + (size_t)unit * a->max_segs * a->seg_stride, a->max_segs, t0, h0,
+                    nq * hn);
 }
 
 baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const void *k_pool,
@@ -350,35 +387,36 @@ baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const vo
     const int32_t subs = (int64_t)nt * g->n_kv_heads >= 4 * (int64_t)c->n_threads ? 1 : group;
     const int32_t hn = group / subs;
     const size_t rows = (size_t)ATTN_TILE * hn;
-    st = cpu_scratch_reserve(c, rows * g->head_dim + rows * ATTN_CHUNK + 2 * rows);
+    /* Segments: fixed by the geometry (ATTN_SEG_KEYS rounded up to whole
+     * blocks), never by the batch or the thread count. */
+    const int32_t seg_blocks = (ATTN_SEG_KEYS + g->block_size - 1) / g->block_size;
+    const int32_t seg_keys = seg_blocks * g->block_size;
+    int32_t max_ctx = 0;
+    for (int32_t t = 0; t < b->n_tokens; t++)
+        max_ctx = b->tok_pos[t] + 1 > max_ctx ? b->tok_pos[t] + 1 : max_ctx;
+    const int32_t max_segs = (int32_t)(((int64_t)max_ctx + seg_keys - 1) / seg_keys);
+    const size_t seg_stride = rows * g->head_dim + 2 * rows;
+    /* Parallel split (who computes the segments, not how): when the units
+     * cannot keep the threads busy, a unit's segments are spread over up to
+     * `want` tasks and merged in a second pass. */
+    const int64_t units = (int64_t)nt * g->n_kv_heads * subs;
+    int32_t n_splits = 1, segs_per_split = max_segs;
+    if (c->n_threads > 1 && units < 2 * (int64_t)c->n_threads && max_segs > 1) {
+        int64_t want = (2 * (int64_t)c->n_threads + units - 1) / units;
+        if (want > max_segs)
+            want = max_segs;
+        segs_per_split = (int32_t)((max_segs + want - 1) / want);
+        n_splits = (max_segs + segs_per_split - 1) / segs_per_split;
+    }
+    if (n_splits > 1) {
+        st = cpu_partial_reserve(c, (size_t)units * max_segs * seg_stride);
+        if (st == BATON_OK)
+            st = cpu_scratch_reserve(c, rows * ATTN_CHUNK);
+    } else {
+        st = cpu_scratch_reserve(c, rows * ATTN_CHUNK + (size_t)max_segs * seg_stride);
+    }
     if (st != BATON_OK)
         return st;
-    /* Split-K when the units cannot keep the threads busy and the context
-     * is long enough for each split to have ATTN_SPLIT_MIN_KEYS keys. */
-    const int64_t units = (int64_t)nt * g->n_kv_heads * subs;
-    int32_t n_splits = 1, split_keys = 0;
-    size_t partial_stride = 0;
-    if (c->n_threads > 1 && units < 2 * (int64_t)c->n_threads) {
-        int32_t max_ctx = 0;
-        for (int32_t t = 0; t < b->n_tokens; t++)
-            max_ctx = b->tok_pos[t] + 1 > max_ctx ? b->tok_pos[t] + 1 : max_ctx;
-        const int64_t ctx_blocks = (max_ctx + g->block_size - 1) / g->block_size;
-        int64_t want = (2 * (int64_t)c->n_threads + units - 1) / units;
-        int64_t cap = (max_ctx + ATTN_SPLIT_MIN_KEYS - 1) / ATTN_SPLIT_MIN_KEYS;
-        if (want > cap)
-            want = cap;
-        if (want > ctx_blocks)
-            want = ctx_blocks;
-        if (want > 1) {
-            const int64_t split_blocks = (ctx_blocks + want - 1) / want;
-            n_splits = (int32_t)((ctx_blocks + split_blocks - 1) / split_blocks);
-            split_keys = (int32_t)(split_blocks * g->block_size);
-            partial_stride = rows * g->head_dim + 2 * rows;
-            st = cpu_partial_reserve(c, (size_t)units * n_splits * partial_stride);
-            if (st != BATON_OK)
-                return st;
-        }
-    }
     const size_t layer_elems = (size_t)g->n_blocks * g->block_size * g->n_kv_heads * g->head_dim;
     attn_args_t a = {
         .g = g,
@@ -396,10 +434,12 @@ baton_status_t cpu_attention(backend_t *be, const backend_kv_geom_t *g, const vo
         .heads_per_task = hn,
         .subs_per_kvh = subs,
         .scale = 1.0f / sqrtf((float)g->head_dim),
+        .seg_keys = seg_keys,
+        .max_segs = max_segs,
         .n_splits = n_splits,
-        .split_keys = split_keys,
+        .segs_per_split = segs_per_split,
         .partial = c->partial,
-        .partial_stride = partial_stride,
+        .seg_stride = seg_stride,
     };
     cpu_pool_run(c->pool, units * n_splits, attn_task, &a);
     if (n_splits > 1)

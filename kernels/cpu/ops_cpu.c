@@ -1,6 +1,6 @@
-/* CPU ops other than attention: projections through OpenBLAS sgemm/sgemv,
- * and elementwise/row ops split over the thread pool when big enough to
- * pay for waking it. */
+/* CPU ops other than attention: projections (a batch-invariant small-batch
+ * kernel for decode-sized n, OpenBLAS sgemm above), and elementwise/row ops
+ * split over the thread pool when big enough to pay for waking it. */
 #include <cblas.h>
 #include <math.h>
 
@@ -30,6 +30,120 @@ static inline void cpu_task_range(int64_t total, int64_t n_tasks, int64_t task, 
 
 /* ---------------- matmul ---------------- */
 
+/* Small-batch path (n <= CPU_MM_SMALL_MAX, the decode step): each task owns
+ * a block of output rows; inside it, a 4-weight-row x 3-token register tile
+ * dots every weight row with the tokens while it is in cache, so the weights
+ * stream from memory once per call whatever n is. Every (token, output) is
+ * one 8-lane accumulator walked over the input dimension in order (8
+ * elements at a time, one fused multiply-add per step), reduced in a fixed
+ * lane order, then the scalar tail (in % 8), then the bias: the result for
+ * a token never depends on n, on the other tokens, on the tile shape it
+ * lands in or on the thread count. */
+#define CPU_MM_SMALL_MAX 64      /* n at or below which the small path runs */
+#define CPU_MM_BLOCK_BYTES 131072 /* weight bytes per task (L2-resident block) */
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+typedef __m256 mm_v8;
+#define MM_ZERO() _mm256_setzero_ps()
+#define MM_LOAD(p) _mm256_loadu_ps(p)
+#define MM_FMA(acc, a, b) _mm256_fmadd_ps(a, b, acc)
+static inline float mm_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#else
+/* Portable: GCC/clang vector extension (macros, not functions: a by-value
+ * 32-byte vector argument would change the ABI without AVX). */
+typedef float mm_v8 __attribute__((vector_size(32)));
+#define MM_ZERO() ((mm_v8){0})
+#define MM_LOAD(p)                                                                       \
+    ({                                                                                   \
+        mm_v8 mm_v_;                                                                     \
+        memcpy(&mm_v_, (p), sizeof(mm_v_));                                              \
+        mm_v_;                                                                           \
+    })
+#define MM_FMA(acc, a, b) ((acc) + (a) * (b))
+#define mm_hsum(v) ((((v)[0] + (v)[4]) + ((v)[2] + (v)[6])) + (((v)[1] + (v)[5]) + ((v)[3] + (v)[7])))
+#endif
+
+/* The scalar tail of one dot product, elements i0..in-1, after the vector
+ * part `s` (one code path for every tile shape). */
+static inline float mm_tail(float s, const float *x, const float *w, int32_t i0, int32_t in) {
+    for (int32_t i = i0; i < in; i++)
+        s += x[i] * w[i];
+    return s;
+}
+
+/* y[t0 + t, o0 + r] for r < R, t < T (R <= 4, T <= 3; constants after
+ * inlining, so the accumulators live in registers). */
+static inline __attribute__((always_inline)) void mm_tile(const float *w, const float *x,
+                                                          const float *bias, float *y, int32_t in,
+                                                          int32_t out, int32_t o0, int32_t t0,
+                                                          const int R, const int T) {
+    mm_v8 acc[4][3];
+    const float *wr[4], *xt[3];
+    for (int r = 0; r < R; r++)
+        wr[r] = w + (size_t)(o0 + r) * in;
+    for (int t = 0; t < T; t++)
+        xt[t] = x + (size_t)(t0 + t) * in;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            acc[r][t] = MM_ZERO();
+    const int32_t in8 = in & ~7;
+    for (int32_t i = 0; i < in8; i += 8) {
+        mm_v8 xv[3];
+        for (int t = 0; t < T; t++)
+            xv[t] = MM_LOAD(xt[t] + i);
+        for (int r = 0; r < R; r++) {
+            const mm_v8 wv = MM_LOAD(wr[r] + i);
+            for (int t = 0; t < T; t++)
+                acc[r][t] = MM_FMA(acc[r][t], wv, xv[t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) {
+            float s = mm_tail(mm_hsum(acc[r][t]), xt[t], wr[r], in8, in);
+            if (bias)
+                s += bias[o0 + r];
+            y[(size_t)(t0 + t) * out + o0 + r] = s;
+        }
+}
+
+typedef struct {
+    const float *w, *bias, *x;
+    float *y;
+    int32_t in, out, n, rows_per_task;
+} mm_args_t;
+
+static void mm_small_task(void *argp, int64_t task, int worker) {
+    const mm_args_t *a = argp;
+    const int32_t o_lo = (int32_t)task * a->rows_per_task;
+    const int32_t o_hi = o_lo + a->rows_per_task < a->out ? o_lo + a->rows_per_task : a->out;
+    for (int32_t t0 = 0; t0 < a->n; t0 += 3) {
+        const int32_t nt = a->n - t0 < 3 ? a->n - t0 : 3;
+        int32_t o = o_lo;
+        for (; o + 4 <= o_hi; o += 4) {
+            if (nt == 3)
+                mm_tile(a->w, a->x, a->bias, a->y, a->in, a->out, o, t0, 4, 3);
+            else if (nt == 2)
+                mm_tile(a->w, a->x, a->bias, a->y, a->in, a->out, o, t0, 4, 2);
+            else
+                mm_tile(a->w, a->x, a->bias, a->y, a->in, a->out, o, t0, 4, 1);
+        }
+        for (; o < o_hi; o++) {
+            if (nt == 3)
+                mm_tile(a->w, a->x, a->bias, a->y, a->in, a->out, o, t0, 1, 3);
+            else if (nt == 2)
+                mm_tile(a->w, a->x, a->bias, a->y, a->in, a->out, o, t0, 1, 2);
+            else
+                mm_tile(a->w, a->x, a->bias, a->y, a->in, a->out, o, t0, 1, 1);
+        }
+    }
+}
+
 baton_status_t cpu_matmul(backend_t *be, const backend_weight_t *w, const backend_weight_t *bias,
                           const float *x, float *y, int32_t n) {
     if (!w || n < 0 || (n > 0 && (!x || !y)))
@@ -45,17 +159,24 @@ baton_status_t cpu_matmul(backend_t *be, const backend_weight_t *w, const backen
                            (long long)(bias->rows * bias->cols), out);
     if (n == 0)
         return BATON_OK;
+    if (n <= CPU_MM_SMALL_MAX) {
+        cpu_ctx_t *c = cpu_ctx(be);
+        /* Block height from the shape only: ~CPU_MM_BLOCK_BYTES of weights,
+         * a multiple of 4 rows. */
+        int64_t rows = CPU_MM_BLOCK_BYTES / ((int64_t)in * (int64_t)sizeof(float));
+        rows = rows < 4 ? 4 : rows & ~(int64_t)3;
+        mm_args_t a = {w->data, bias ? bias->data : NULL, x, y, in, out, n, (int32_t)rows};
+        cpu_pool_run(c->pool, ((int64_t)out + rows - 1) / rows, mm_small_task, &a);
+        return BATON_OK;
+    }
     float beta = 0.0f;
     if (bias) {
         for (int32_t t = 0; t < n; t++)
             memcpy(y + (size_t)t * out, bias->data, (size_t)out * sizeof(float));
         beta = 1.0f;
     }
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w->data, in, x, 1, beta, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w->data, in,
-                    beta, y, out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w->data, in, beta,
+                y, out);
     return BATON_OK;
 }
 

@@ -68,7 +68,11 @@ static backend_weight_t *mkweight(backend_t *be, const float *host, int64_t r, i
 /* ---------------- matmul ---------------- */
 
 static void test_matmul(backend_t *be) {
-    const int shapes[][3] = {{1, 17, 5}, {7, 64, 33}, {33, 128, 96}, {2, 576, 1536}, {1, 576, 49}};
+    /* n <= 64 runs the small-batch kernel (in % 8 tails, out % 4 rows,
+     * token counts not a multiple of its 3-token tile), n > 64 OpenBLAS */
+    const int shapes[][3] = {{1, 17, 5},   {7, 64, 33},   {33, 128, 96},  {2, 576, 1536},
+                             {1, 576, 49}, {64, 581, 101}, {5, 3, 2},     {65, 96, 70},
+                             {100, 64, 33}};
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int n = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
         for (int with_bias = 0; with_bias < 2; with_bias++) {
