@@ -681,7 +681,6 @@ static void on_request_finished(router_server_t *srv, const proto_request_finish
     request_t *r = request_table_find(&srv->requests, &f->request_id);
     if (!r)
         return;
-    r->worker_finished = true;
     r->cached_tokens = f->cached_tokens;
     r->trace.decode_us = f->timings.decode_us;
     if (f->timings.queue_us)
@@ -706,6 +705,9 @@ static void on_request_finished(router_server_t *srv, const proto_request_finish
                         msg);
         }
     }
+    /* set only now: finishing/failing above may answer and free the call,
+     * which retires choices whose worker already reported */
+    r->worker_finished = true;
     router_metrics_t *m = &srv->metrics;
     if (r->state == REQUEST_FINISHED) {
         m->measured_cached_tokens += f->cached_tokens;

@@ -127,6 +127,18 @@ class Worker:
             self.used[rid] = self.used.get(rid, 0) + nblk
             self.prefills.append((time.time() + self.args.prefill_ms / 1000.0, m))
         elif t == "decode_request":
+            bs = self.args.block_size
+            need = (m["n_prompt_tokens"] + m["sampling"]["max_tokens"] + bs - 1) // bs
+            if need > self.total_blocks:  # as the real decode worker: refused at once
+                self.send({"type": "request_finished", "request_id": rid, "worker_id": self.id,
+                           "finish_reason": "error", "status": -7,
+                           "error": "cannot fit: %d blocks > pool of %d" % (need,
+                                                                            self.total_blocks),
+                           "prompt_tokens": m["n_prompt_tokens"], "completion_tokens": 0,
+                           "cached_tokens": 0,
+                           "timings": {"queue_us": 0, "prefill_us": 0, "transfer_us": 0,
+                                       "transfer_bytes": 0, "decode_us": 0}})
+                return
             self.used[rid] = self.used.get(rid, 0) + m["n_blocks"]
             self.decoding[rid] = {"m": m, "next": time.time() + self.args.prefill_ms / 1000.0,
                                   "i": 0}

@@ -63,7 +63,7 @@ def parse_metrics(text):
 
 class Cluster:
     def __init__(self, build, workers="real", n_prefill=1, n_decode=1, colocated=False,
-                 policy="cache_aware", threads=2, router_args=(), model=None, kv_blocks=2048,
+                 policy="cache_aware", threads=2, router_args=(), model=None, kv_blocks=1024,
                  hash_seed=12345, fake_args=(), logdir=None):
         self.build = build
         self.workers = workers

@@ -202,6 +202,18 @@ def test_errors(c, args):
         if name == "over the context":
             check("8192" in err.get("message", "") and "1000000" in err.get("message", ""),
                   "context error names the counts")
+    # a request the decode worker's KV pool can never hold: refused at once
+    # by the worker, answered as a 400 before any byte is streamed
+    for stream in (False, True):
+        code, text = curl(c, "POST", "/v1/chat/completions",
+                          body={"model": m, "messages": msgs, "max_tokens": 7000,
+                                "stream": stream})
+        try:
+            err = json.loads(text)["error"]
+        except (ValueError, KeyError):
+            err = {}
+        check(code == 400 and "cannot fit" in err.get("message", ""),
+              "error KV pool too small (stream=%s): %d %s" % (stream, code, text[:200]))
     # body over --max-body-bytes (the test router runs with 65536)
     code, text = curl(c, "POST", "/v1/chat/completions",
                       raw=json.dumps({"model": m, "messages": chat_msgs("x" * 70000)}).encode())
@@ -376,7 +388,8 @@ def main():
     t0 = time.time()
     c = Cluster(args.build, workers=args.workers, colocated=args.colocated,
                 router_args=["--max-body-bytes", "65536"],
-                fake_args=["--token-ms", "20"])
+                fake_args=["--token-ms", "20", "--kv-blocks", "256"],
+                kv_blocks=256)
     try:
         c.start()
         for name, fn in (("openai", test_openai), ("errors", test_errors),
