@@ -445,7 +445,10 @@ def scenario_disagg_pairing_router():
                 procs.stop(n)
     finally:
         codes = procs.stop_all()
-    check(all(c == 0 for c in codes.values()), "processes exit cleanly on SIGTERM (%s)" % codes)
+    # the refusal is fast, so a worker may still be loading its model (no
+    # handler installed yet: plain SIGTERM death, -15) when it is stopped
+    check(all(c in (0, -15) for c in codes.values()),
+          "processes exit on SIGTERM, cleanly once started (%s)" % codes)
     if FAILURES:
         fail_with_logs(procs, list(procs.procs))
 
