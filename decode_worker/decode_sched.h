@@ -130,6 +130,8 @@ typedef struct decode_sched_prefill {
     int32_t n_blocks_written;      /* must equal the reserved prompt blocks */
     uint64_t queue_us, compute_us, transfer_us; /* prefill side, reported back */
     uint64_t transfer_bytes;
+    int32_t cached_tokens;         /* prompt tokens the prefill worker took from its
+                                      radix cache (reported back in usage) */
 } decode_sched_prefill_t;
 
 /* One request's new tokens in a step (one TokenChunk entry). */

@@ -306,6 +306,7 @@ static void on_finished(void *arg, const decode_sched_result_t *r) {
     }
     f->prompt_tokens = (uint32_t)r->n_prompt_tokens;
     f->completion_tokens = (uint32_t)r->n_generated;
+    f->cached_tokens = r->prefill.cached_tokens > 0 ? (uint32_t)r->prefill.cached_tokens : 0;
     f->timings.queue_us = r->queue_us + r->prefill.queue_us;
     f->timings.prefill_us = r->prefill.compute_us;
     f->timings.transfer_us = r->prefill.transfer_us;
@@ -435,7 +436,8 @@ static void handle_prefill_done(worker_t *w, const proto_prefill_done_t *p) {
                                 .first_logprob = p->first_logprob, .top = top, .n_top = n_top,
                                 .n_blocks_written = (int32_t)p->n_blocks_written,
                                 .queue_us = p->queue_us, .compute_us = p->compute_us,
-                                .transfer_us = p->transfer_us, .transfer_bytes = p->bytes_written};
+                                .transfer_us = p->transfer_us, .transfer_bytes = p->bytes_written,
+                                .cached_tokens = (int32_t)p->cached_tokens};
     baton_status_t st = decode_sched_prefill_done(w->sched, p->request_id.bytes, &d);
     if (st != BATON_OK) {
         char hex[33];
