@@ -93,7 +93,8 @@ def wait_idle(router, wid, expect_used, timeout=15.0):
     deadline = time.monotonic() + timeout
     hb = None
     while time.monotonic() < deadline:
-        hb = router.next_heartbeat(wid, timeout=5.0)
+        # 10 s: the router drops a worker silent for longer (--worker-timeout-ms)
+        hb = router.next_heartbeat(wid, timeout=10.0)
         busy = hb["n_running"] or hb["n_waiting"] or hb["queued_prefill_tokens"]
         if not busy and hb.get("used_blocks", 0) == expect_used():
             return hb
