@@ -399,8 +399,8 @@ static bool parse_fields(json_t *root, http_api_params_t *p, http_api_error_t *e
             for (size_t i = 0; unsupported_keys[i]; i++)
                 known_unsupported |= !strcmp(key, unsupported_keys[i]);
             http_api_error_set(err, 400, "invalid_request_error", key, "unsupported_parameter",
-                               "'%s' is %s by baton's %s endpoint", key,
-                               known_unsupported ? "not supported" : "an unknown parameter",
+                               "'%s' is %s baton's %s endpoint", key,
+                               known_unsupported ? "not supported by" : "not a parameter of",
                                kind == HTTP_API_CHAT ? "/v1/chat/completions"
                                                      : "/v1/completions");
             return false;
