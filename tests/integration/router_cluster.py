@@ -4,6 +4,7 @@ baton-decode, or baton-worker --role both) or the fake worker pair
 (tests/integration/fake_worker.py), every process on 127.0.0.1 with free
 ports, logs in a temporary folder. Everything started is stopped by
 Cluster.stop() (SIGTERM, then SIGKILL after a grace period)."""
+import ctypes
 import json
 import os
 import signal
@@ -17,6 +18,17 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup():
+    # own process group (stop() signals the group), and SIGTERM when the
+    # test driver dies, even by SIGKILL (a ctest timeout): no orphans
+    os.setsid()
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def free_port():
@@ -85,7 +97,7 @@ class Cluster:
 
     def _spawn(self, name, argv):
         log = open(os.path.join(self.logdir, name + ".log"), "w")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_child_setup)
         self.procs.append((name, p, log))
         return p
 
