@@ -27,7 +27,6 @@
 #define KVT_HEADER_BYTES 56          /* fixed part of the descriptor */
 #define KVT_MAX_BLOB_PART (1u << 20) /* bound on address / rkey sizes */
 #define KVT_DEFAULT_TIMEOUT_MS 30000u
-#define KVT_DEFAULT_KEEPALIVE_MS 1000u
 #define KVT_CLOSE_WAIT_MS 1000
 
 struct kv_transfer_engine {
@@ -130,8 +129,11 @@ static uint32_t descriptor_checksum(const uint8_t *b, size_t len) {
 baton_status_t kv_transfer_engine_init(const kv_transfer_engine_config_t *config,
                                        kv_transfer_engine_t **out) {
     if (!out) return baton_error(BATON_ERR_INVALID_ARG, "kv_transfer_engine_init: out is NULL");
-    uint32_t keepalive_ms = config && config->keepalive_ms ? config->keepalive_ms
-                                                           : KVT_DEFAULT_KEEPALIVE_MS;
+    /* UCX's own keepalive default (20 s in 1.13) unless configured: a short
+     * interval makes a busy peer (a long forward step between progress
+     * calls) look dead. A dead process is still seen at once (connection
+     * reset), a hung one by the transfer deadline and the heartbeats. */
+    uint32_t keepalive_ms = config ? config->keepalive_ms : 0;
     kv_transfer_engine_t *eng = calloc(1, sizeof(*eng));
     if (!eng) return baton_error(BATON_ERR_NO_MEMORY, "kv_transfer: engine allocation failed");
     eng->efd = -1;
@@ -144,7 +146,7 @@ baton_status_t kv_transfer_engine_init(const kv_transfer_engine_config_t *config
         st = ucx_error(BATON_ERR_IO, "ucp_config_read", us);
         goto err_free;
     }
-    if (!getenv("UCX_KEEPALIVE_INTERVAL")) {
+    if (keepalive_ms && !getenv("UCX_KEEPALIVE_INTERVAL")) {
         char val[32];
         snprintf(val, sizeof(val), "%ums", keepalive_ms);
         us = ucp_config_modify(ucfg, "KEEPALIVE_INTERVAL", val);

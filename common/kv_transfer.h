@@ -51,7 +51,8 @@ typedef struct kv_transfer kv_transfer_t;
 
 typedef struct kv_transfer_engine_config {
     /* UCX keepalive interval (ms) used to notice a dead peer that sends no
-     * error by itself (shared-memory transports). 0 = 1000 ms. Ignored when
+     * error by itself. 0 = UCX's default (20 s in UCX 1.13): a short interval
+     * makes a peer busy in a long forward step look dead. Ignored when
      * UCX_KEEPALIVE_INTERVAL is set in the environment. */
     uint32_t keepalive_ms;
     /* 0 (default): endpoints use UCP_ERR_HANDLING_MODE_PEER, so a dead or
