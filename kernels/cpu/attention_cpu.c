@@ -170,6 +170,30 @@ static inline float dot1(const float *q0, const float *k, int32_t n) {
     return r0;
 }
 
+/* One query row against 4 keys: out[c] = q . k_c, each in exactly dot1's
+ * order (4 independent accumulation chains instead of 1). */
+static inline void dot1x4(const float *q, const float *k0, const float *k1, const float *k2,
+                          const float *k3, int32_t n, float out[4]) {
+    int32_t i = 0;
+    cpu_v4 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    for (; i + 4 <= n; i += 4) {
+        cpu_v4 qv = cpu_v4_load(q + i);
+        s0 += qv * cpu_v4_load(k0 + i);
+        s1 += qv * cpu_v4_load(k1 + i);
+        s2 += qv * cpu_v4_load(k2 + i);
+        s3 += qv * cpu_v4_load(k3 + i);
+    }
+    float r0 = (s0[0] + s0[1]) + (s0[2] + s0[3]), r1 = (s1[0] + s1[1]) + (s1[2] + s1[3]);
+    float r2 = (s2[0] + s2[1]) + (s2[2] + s2[3]), r3 = (s3[0] + s3[1]) + (s3[2] + s3[3]);
+    for (; i < n; i++) {
+        r0 += q[i] * k0[i];
+        r1 += q[i] * k1[i];
+        r2 += q[i] * k2[i];
+        r3 += q[i] * k3[i];
+    }
+    out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
+}
+
 /* Merges `n_segs` segment partials at `base` (seg_stride apart) of a task's
  * `rows` rows into out: with M = max_s m_s, out = sum_s exp(m_s - M) acc_s /
  * sum_s exp(m_s - M) l_s, segments in order. A segment none of whose keys a
@@ -270,20 +294,35 @@ static void attn_task(void *argp, int64_t task, int worker) {
             for (int32_t c0 = 0; c0 < blen; c0 += ATTN_CHUNK) {
                 const int32_t cn = blen - c0 < ATTN_CHUNK ? blen - c0 : ATTN_CHUNK;
                 const int32_t jc = j0 + c0; /* absolute position of the chunk's first key */
-                /* scores; rows that see no key of this chunk are skipped */
+                /* scores; rows that see no key of this chunk are skipped.
+                 * Groups of 4 rows share each key load (dot4); the other
+                 * rows take 4 keys at a time (dot1x4); both give a row's
+                 * score in dot1's order. */
+                const int32_t rows4 = rows & ~3;
                 for (int32_t c = 0; c < cn; c++) {
                     const float *kr = kb + (int64_t)(c0 + c) * row;
-                    int32_t r = 0;
-                    for (; r + 4 <= rows; r += 4) {
+                    for (int32_t r = 0; r < rows4; r += 4) {
                         float d[4];
                         dot4(qr[r], qr[r + 1], qr[r + 2], qr[r + 3], kr, hd, d);
                         for (int32_t u = 0; u < 4; u++)
                             sc[(r + u) * ATTN_CHUNK + c] =
                                 jc + c < nkv[r + u] ? d[u] * a->scale : -INFINITY;
                     }
-                    for (; r < rows; r++)
-                        sc[r * ATTN_CHUNK + c] =
-                            jc + c < nkv[r] ? dot1(qr[r], kr, hd) * a->scale : -INFINITY;
+                }
+                for (int32_t r = rows4; r < rows; r++) {
+                    int32_t c = 0;
+                    for (; c + 4 <= cn; c += 4) {
+                        const float *kr = kb + (int64_t)(c0 + c) * row;
+                        float d[4];
+                        dot1x4(qr[r], kr, kr + row, kr + 2 * row, kr + 3 * row, hd, d);
+                        for (int32_t u = 0; u < 4; u++)
+                            sc[r * ATTN_CHUNK + c + u] =
+                                jc + c + u < nkv[r] ? d[u] * a->scale : -INFINITY;
+                    }
+                    for (; c < cn; c++)
+                        sc[r * ATTN_CHUNK + c] = jc + c < nkv[r]
+                                                     ? dot1(qr[r], kb + (int64_t)(c0 + c) * row, hd) * a->scale
+                                                     : -INFINITY;
                 }
                 /* online softmax update */
                 for (int32_t r = 0; r < rows; r++) {

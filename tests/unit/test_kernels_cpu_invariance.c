@@ -95,7 +95,7 @@ static void test_matmul_invariance(backend_t *bes[N_THREADS]) {
 #define A_GROUP 3
 #define A_HD 64
 static const int a_ctx[A_SEQS] = {1100, 5, 300, 17, 600, 256, 257, 40};
-static const int a_new[A_SEQS] = {1, 1, 1, 1, 20, 1, 1, 1};
+static const int a_new[A_SEQS] = {1, 1, 1, 1, 22, 1, 1, 1}; /* 22 = tiles of 16 + 6 */
 
 typedef struct {
     backend_kv_geom_t g;
