@@ -250,6 +250,16 @@ static const field_t worker_register_fields[] = {
     MAP(proto_worker_register_t, pool, "pool", pool_desc_schema),
     {.key = "kv_events_endpoint", .kind = F_STR,
      .off = OFF(proto_worker_register_t, kv_events_endpoint), .optional = true, .omit_empty = true, .lim = LIM_STR},
+    {.key = "max_batch_tokens", .kind = F_U32, .off = OFF(proto_worker_register_t, max_batch_tokens), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT32_MAX},
+    {.key = "max_batch", .kind = F_U32, .off = OFF(proto_worker_register_t, max_batch), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT32_MAX},
+    {.key = "cpu_model", .kind = F_STR, .off = OFF(proto_worker_register_t, cpu_model), .optional = true,
+     .omit_empty = true, .lim = LIM_STR},
+    {.key = "backend", .kind = F_STR, .off = OFF(proto_worker_register_t, backend), .optional = true,
+     .omit_empty = true, .lim = LIM_STR},
+    {.key = "compute_dtype", .kind = F_STR, .off = OFF(proto_worker_register_t, compute_dtype), .optional = true,
+     .omit_empty = true, .lim = LIM_STR},
 };
 
 static baton_status_t heartbeat_check(const void *obj, const proto_limits_t *limits) {
@@ -286,6 +296,12 @@ static const field_t worker_heartbeat_fields[] = {
      .optional = true, .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
     {.key = "steps", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, steps),
      .optional = true, .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
+    {.key = "idle_gaps", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, idle_gaps), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
+    {.key = "idle_gap_us", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, idle_gap_us), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
+    {.key = "idle_gap_max_us", .kind = F_U64, .off = OFF(proto_worker_heartbeat_t, idle_gap_max_us), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
 };
 
 static const field_t prefill_request_fields[] = {
@@ -370,6 +386,8 @@ static const field_t prefill_done_fields[] = {
     U64ANY(proto_prefill_done_t, transfer_us, "transfer_us"),
     {.key = "cached_tokens", .kind = F_U32, .off = OFF(proto_prefill_done_t, cached_tokens),
      .optional = true, .omit_empty = true, .lo = 0, .hi = UINT32_MAX},
+    {.key = "device_us", .kind = F_U64, .off = OFF(proto_prefill_done_t, device_us), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
 };
 
 static const field_t token_chunk_fields[] = {
@@ -400,6 +418,10 @@ static const field_t request_finished_fields[] = {
     U32(proto_request_finished_t, completion_tokens, "completion_tokens", 0, UINT32_MAX),
     U32(proto_request_finished_t, cached_tokens, "cached_tokens", 0, UINT32_MAX),
     MAP(proto_request_finished_t, timings, "timings", timings_schema),
+    {.key = "prefill_device_us", .kind = F_U64, .off = OFF(proto_request_finished_t, prefill_device_us), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
+    {.key = "decode_device_us", .kind = F_U64, .off = OFF(proto_request_finished_t, decode_device_us), .optional = true,
+     .omit_empty = true, .lo = 0, .hi = UINT64_MAX},
 };
 
 static const field_t abort_fields[] = {
@@ -1143,4 +1165,24 @@ baton_status_t proto_decode_counted(const void *buf, size_t len, const proto_lim
                  proto_msg_type_name(type), len, peer ? peer : "?", baton_status_str(st),
                  baton_last_error());
     return st;
+}
+
+void proto_host_cpu_model(char *buf, size_t len) {
+    if (!buf || len == 0) return;
+    snprintf(buf, len, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof(line), f)) {
+        if (strncmp(line, "model name", 10) != 0) continue;
+        const char *v = strchr(line, ':');
+        if (!v) continue;
+        v++;
+        while (*v == ' ' || *v == '\t') v++;
+        size_t n = strcspn(v, "\r\n");
+        if (n == 0) continue;
+        snprintf(buf, len, "%.*s", (int)n, v);
+        break;
+    }
+    fclose(f);
 }

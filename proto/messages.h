@@ -181,6 +181,13 @@ typedef struct proto_worker_register {
     proto_pool_desc_t pool;                  /* "pool" (map) */
     char *kv_events_endpoint;                /* "kv_events_endpoint" (optional): the worker's
                                                 KV-event PUB endpoint, "" / NULL = none */
+    /* optional serving configuration (issue 6 "system_fingerprint"); 0 / ""
+       / NULL when absent */
+    uint32_t max_batch_tokens;               /* "max_batch_tokens": tokens per prefill step */
+    uint32_t max_batch;                      /* "max_batch": sequences per decode step */
+    char *cpu_model;                         /* "cpu_model": /proc/cpuinfo "model name" */
+    char *backend;                           /* "backend": kernels backend ("cpu", "cuda") */
+    char *compute_dtype;                     /* "compute_dtype": weights' dtype (e.g. "q4_1") */
 } proto_worker_register_t;
 
 /* worker -> router, periodically. */
@@ -202,6 +209,11 @@ typedef struct proto_worker_heartbeat {
     uint64_t preemptions;                    /* "preemptions" (decode) */
     uint64_t busy_us;                        /* "busy_us": time spent in steps since start */
     uint64_t steps;                          /* "steps": forward steps since start */
+    /* scheduler idle gaps: time from the end of a step to the start of the
+       next one while work was pending (optional, 0 when absent) */
+    uint64_t idle_gaps;                      /* "idle_gaps": gaps counted since start */
+    uint64_t idle_gap_us;                    /* "idle_gap_us": their sum */
+    uint64_t idle_gap_max_us;                /* "idle_gap_max_us": the longest */
 } proto_worker_heartbeat_t;
 
 /* router -> prefill worker. */
@@ -271,6 +283,11 @@ typedef struct proto_prefill_done {
     uint32_t cached_tokens;                          /* "cached_tokens" (optional): prompt
                                                         tokens the prefill worker reused from
                                                         its prefix cache (0 when absent) */
+    uint64_t device_us;                              /* "device_us" (optional): the request's
+                                                        share of the prefill steps' compute
+                                                        time (DESIGN "Observability and cost":
+                                                        each step's forward time split over its
+                                                        requests in proportion to their tokens) */
 } proto_prefill_done_t;
 
 /* One request's new tokens in a TokenChunk. logprobs is empty or one per
@@ -306,6 +323,10 @@ typedef struct proto_request_finished {
     uint32_t completion_tokens;              /* "completion_tokens" */
     uint32_t cached_tokens;                  /* "cached_tokens", <= prompt_tokens */
     proto_timings_t timings;                 /* "timings" (map) */
+    uint64_t prefill_device_us;              /* "prefill_device_us" (optional): device time
+                                                of the prefill steps (PrefillDone.device_us) */
+    uint64_t decode_device_us;               /* "decode_device_us" (optional): the request's
+                                                share of the decode steps' compute time */
 } proto_request_finished_t;
 
 /* router -> workers: release every block of the request. */
@@ -406,6 +427,11 @@ baton_status_t proto_encode_kv_resync(const proto_kv_resync_t *m, msgpack_sbuffe
  * untouched and nothing is leaked. */
 baton_status_t proto_decode(const void *buf, size_t len, const proto_limits_t *limits,
                             proto_msg_t *out);
+
+/* Writes this host's CPU model (the first "model name" of /proc/cpuinfo,
+ * for WorkerRegister.cpu_model) into buf, NUL-terminated and truncated to
+ * len bytes; "unknown" when it cannot be read. */
+void proto_host_cpu_model(char *buf, size_t len);
 
 /* Releases what a decoded message owns and zeroes it. NULL-safe. Only for
  * messages filled by proto_decode (encoder inputs belong to their caller). */

@@ -591,7 +591,12 @@ static bool optional_key(proto_msg_type_t type, const char *parent, const char *
     /* optional additions of cluster.md (prefill/decode/router wiring) */
     static const char *const added[] = {"kv_events_endpoint", "used_blocks", "cache_hit_blocks",
                                         "cache_lookup_blocks", "preemptions", "busy_us", "steps",
-                                        "decode_endpoint", "prefill_endpoint"};
+                                        "decode_endpoint", "prefill_endpoint",
+                                        /* issue 6: device-seconds, idle gaps, serving config */
+                                        "device_us", "prefill_device_us", "decode_device_us",
+                                        "idle_gaps", "idle_gap_us", "idle_gap_max_us",
+                                        "max_batch_tokens", "max_batch", "cpu_model", "backend",
+                                        "compute_dtype"};
     if (type == PROTO_MSG_PREFILL_DONE && !strcmp(key, "cached_tokens")) return true;
     if (type == PROTO_MSG_KV_DESTINATION && !strcmp(key, "ucx_address")) return true;
     for (size_t i = 0; i < sizeof(added) / sizeof(added[0]); i++)

@@ -35,6 +35,21 @@ int main(void) {
     roundtrip(&in, &out);
     CHECK(out.u.worker_register.kv_events_endpoint &&
           !strcmp(out.u.worker_register.kv_events_endpoint, "tcp://127.0.0.1:5602"));
+    CHECK(out.u.worker_register.max_batch == 0 &&
+          (!out.u.worker_register.cpu_model || !out.u.worker_register.cpu_model[0]));
+    proto_msg_free(&out);
+    /* issue 6: serving configuration in the registration */
+    r->max_batch_tokens = 512;
+    r->max_batch = 64;
+    r->cpu_model = "AMD EPYC 7B13";
+    r->backend = "cpu";
+    r->compute_dtype = "q4_1";
+    roundtrip(&in, &out);
+    CHECK_EQ_INT(out.u.worker_register.max_batch_tokens, 512);
+    CHECK_EQ_INT(out.u.worker_register.max_batch, 64);
+    CHECK(out.u.worker_register.cpu_model && !strcmp(out.u.worker_register.cpu_model, "AMD EPYC 7B13"));
+    CHECK(out.u.worker_register.backend && !strcmp(out.u.worker_register.backend, "cpu"));
+    CHECK(out.u.worker_register.compute_dtype && !strcmp(out.u.worker_register.compute_dtype, "q4_1"));
     proto_msg_free(&out);
 
     memset(&in, 0, sizeof(in));
@@ -117,6 +132,44 @@ int main(void) {
     pd->cached_tokens = 48;
     roundtrip(&in, &out);
     CHECK_EQ_INT(out.u.prefill_done.cached_tokens, 48);
+    CHECK_EQ_INT(out.u.prefill_done.device_us, 0); /* absent: 0 */
+    proto_msg_free(&out);
+    pd->device_us = 5000000123ull; /* > 2^32: a full u64 on the wire */
+    roundtrip(&in, &out);
+    CHECK(out.u.prefill_done.device_us == 5000000123ull);
+    proto_msg_free(&out);
+
+    /* issue 6: RequestFinished device-seconds */
+    memset(&in, 0, sizeof(in));
+    in.type = PROTO_MSG_REQUEST_FINISHED;
+    proto_request_finished_t *rf = &in.u.request_finished;
+    strcpy(rf->worker_id, "decode-a");
+    rf->finish_reason = PROTO_FINISH_LENGTH;
+    rf->prompt_tokens = 10;
+    rf->completion_tokens = 4;
+    roundtrip(&in, &out);
+    CHECK(out.u.request_finished.prefill_device_us == 0 && out.u.request_finished.decode_device_us == 0);
+    proto_msg_free(&out);
+    rf->prefill_device_us = 71234;
+    rf->decode_device_us = 13001;
+    roundtrip(&in, &out);
+    CHECK(out.u.request_finished.prefill_device_us == 71234);
+    CHECK(out.u.request_finished.decode_device_us == 13001);
+    proto_msg_free(&out);
+
+    /* issue 6: heartbeat idle gaps */
+    memset(&in, 0, sizeof(in));
+    in.type = PROTO_MSG_WORKER_HEARTBEAT;
+    proto_worker_heartbeat_t *hb = &in.u.worker_heartbeat;
+    strcpy(hb->worker_id, "decode-a");
+    hb->role = PROTO_ROLE_DECODE;
+    hb->epoch = 1;
+    hb->idle_gaps = 7;
+    hb->idle_gap_us = 7000;
+    hb->idle_gap_max_us = 2500;
+    roundtrip(&in, &out);
+    CHECK(out.u.worker_heartbeat.idle_gaps == 7 && out.u.worker_heartbeat.idle_gap_us == 7000 &&
+          out.u.worker_heartbeat.idle_gap_max_us == 2500);
     proto_msg_free(&out);
     return TEST_DONE();
 }
