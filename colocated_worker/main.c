@@ -473,6 +473,7 @@ static void on_prefill_finished(void *arg, const prefill_sched_result_t *res) {
     p->n_blocks_written = res->n_blocks;
     p->queue_us = res->queue_us;
     p->compute_us = res->compute_us;
+    p->device_us = res->device_us;
     r->n_cached_tokens = res->n_cached_tokens;
     r->prefill_done = true;
     r->wait_since_us = now_us();
@@ -549,6 +550,8 @@ static void on_decode_finished(void *arg, const decode_sched_result_t *res) {
     f->timings.transfer_us = 0;
     f->timings.transfer_bytes = 0;
     f->timings.decode_us = res->decode_us;
+    f->prefill_device_us = res->prefill.device_us;
+    f->decode_device_us = res->device_us;
     send_router(w, &m);
     if (r) req_drop(w, r->id);
 }
@@ -759,6 +762,15 @@ static baton_status_t send_register(worker_t *w) {
     r->pool.n_blocks = (uint32_t)g->n_blocks;
     r->pool.block_bytes = kv_pool_block_bytes(w->pool);
     r->kv_events_endpoint = w->pub_ep;
+    /* serving configuration (issue 6: /v1/serving_config) */
+    char cpu[256];
+    proto_host_cpu_model(cpu, sizeof(cpu));
+    const backend_t *be = model_backend(w->model);
+    r->max_batch_tokens = (uint32_t)w->o.max_batch_tokens;
+    r->max_batch = (uint32_t)w->o.max_batch;
+    r->cpu_model = cpu;
+    r->backend = (char *)be->ops->name;
+    r->compute_dtype = (char *)backend_dtype_name(be->weight_dtype);
     return proto_chan_send(w->router, NULL, &m);
 }
 
@@ -787,6 +799,9 @@ static void send_heartbeat(worker_t *w) {
     h->preemptions = ds.preemptions;
     h->busy_us = ps.busy_us + ds.busy_us;
     h->steps = ps.steps + ds.steps;
+    h->idle_gaps = ps.idle_gaps + ds.idle_gaps;
+    h->idle_gap_us = ps.idle_gap_us + ds.idle_gap_us;
+    h->idle_gap_max_us = ps.idle_gap_max_us > ds.idle_gap_max_us ? ps.idle_gap_max_us : ds.idle_gap_max_us;
     send_router(w, &m);
 }
 

@@ -41,6 +41,7 @@ typedef struct seq {
     uint64_t t_submit_us, t_reserved_us, t_prefill_us;
     uint64_t queue_us;
     decode_sched_prefill_t prefill;
+    uint64_t device_us;  /* share of the decode steps' forward time (and recomputes) */
 } seq_t;
 
 struct decode_sched {
@@ -65,6 +66,8 @@ struct decode_sched {
     sampling_logprob_t *ent_top; /* [max_batch * PENDING_MAX * SAMPLING_MAX_LOGPROBS] */
     float *zero_row;      /* [n_vocab] for the first-token RNG draw */
     decode_sched_stats_t st;
+    uint64_t t_last_step_end; /* monotonic us; 0 before the first step */
+    bool work_left;           /* sequences were running after the last step */
 };
 
 static uint64_t now_us(void) {
@@ -141,6 +144,7 @@ static void finish_seq(decode_sched_t *s, seq_t *q, decode_sched_finish_t why,
     r.prefill.error = NULL;
     r.prefill.top = NULL;
     r.decode_us = q->t_prefill_us ? t - q->t_prefill_us : 0;
+    r.device_us = q->device_us;
     if (why == DECODE_SCHED_FINISH_ABORT) s->st.aborted++;
     else if (why == DECODE_SCHED_FINISH_ERROR) s->st.failed++;
     else s->st.finished_ok++;
@@ -542,7 +546,9 @@ static baton_status_t recompute(decode_sched_t *s, seq_t *q) {
                           .block_table = q->table.blocks, .n_blocks = q->table.n_blocks,
                           .logits = MODEL_LOGITS_NONE};
         model_batch_t b = {.seqs = &ms, .n_seqs = 1};
+        uint64_t t_fwd = now_us();
         st = model_forward(s->model, &s->kv, &b, s->logits);
+        q->device_us += now_us() - t_fwd; /* a recompute is this sequence's alone */
         pos += c;
     }
     free(toks);
@@ -651,8 +657,20 @@ baton_status_t decode_sched_step(decode_sched_t *s, int32_t *n_seqs_out) {
     baton_status_t fwd_st = BATON_OK;
     char fwd_err[300] = "";
     if (n_fwd > 0) {
+        if (s->work_left && s->t_last_step_end) { /* idled with sequences running */
+            uint64_t gap = t0 - s->t_last_step_end;
+            s->st.idle_gaps++;
+            s->st.idle_gap_us += gap;
+            if (gap > s->st.idle_gap_max_us) s->st.idle_gap_max_us = gap;
+        }
         model_batch_t b = {.seqs = s->mseqs, .n_seqs = n_fwd};
+        uint64_t t_fwd = now_us();
         fwd_st = model_forward(s->model, &s->kv, &b, s->logits);
+        /* device time: one token per sequence, so equal shares (DESIGN
+         * "Observability and cost": in proportion to tokens in the step) */
+        uint64_t share = (now_us() - t_fwd) / (uint64_t)n_fwd;
+        for (int32_t k = 0; k < nb; k++)
+            if (s->batch[k]->finish_pending == DECODE_SCHED_FINISH_NONE) s->batch[k]->device_us += share;
         if (fwd_st != BATON_OK) snprintf(fwd_err, sizeof(fwd_err), "decode step: %s", baton_last_error());
     }
     /* sample */
@@ -712,6 +730,10 @@ baton_status_t decode_sched_step(decode_sched_t *s, int32_t *n_seqs_out) {
     }
     admit_queued(s);
     if (nb > 0) s->st.busy_us += now_us() - t0;
+    if (nb > 0 || n_fwd > 0) {
+        s->t_last_step_end = now_us();
+        s->work_left = n_in_state(s, DECODE_SCHED_STATE_RUNNING) > 0;
+    }
     if (n_seqs_out) *n_seqs_out = nb;
     if (fwd_st != BATON_OK) return baton_error(fwd_st, "%s", fwd_err);
     return BATON_OK;

@@ -132,6 +132,7 @@ typedef struct decode_sched_prefill {
     uint64_t transfer_bytes;
     int32_t cached_tokens;         /* prompt tokens the prefill worker took from its
                                       radix cache (reported back in usage) */
+    uint64_t device_us;            /* the prefill side's device time (PrefillDone.device_us) */
 } decode_sched_prefill_t;
 
 /* One request's new tokens in a step (one TokenChunk entry). */
@@ -160,6 +161,9 @@ typedef struct decode_sched_result {
     decode_sched_prefill_t prefill;/* as received (error/top pointers NULL); zero
                                       when no PrefillDone came */
     uint64_t decode_us;            /* PrefillDone -> finish */
+    uint64_t device_us;            /* device time: the request's share of each decode
+                                      step's forward time (one token each, equal shares)
+                                      plus its own recomputes after preemption */
 } decode_sched_result_t;
 
 typedef struct decode_sched_hooks {
@@ -190,6 +194,9 @@ typedef struct decode_sched_stats {
     uint64_t steps;             /* decode steps run */
     uint64_t busy_us;           /* time inside steps */
     uint64_t tokens_generated;  /* tokens sampled by steps */
+    uint64_t idle_gaps;         /* steps that started after a gap with sequences running */
+    uint64_t idle_gap_us;       /* sum of those gaps (last step end -> next step start) */
+    uint64_t idle_gap_max_us;   /* longest such gap */
     float batch_occupancy;      /* last step's sequences / max_batch */
     uint64_t finished_ok, failed, aborted, refused;
 } decode_sched_stats_t;

@@ -312,6 +312,8 @@ static void on_finished(void *arg, const decode_sched_result_t *r) {
     f->timings.transfer_us = r->prefill.transfer_us;
     f->timings.transfer_bytes = r->prefill.transfer_bytes;
     f->timings.decode_us = r->decode_us;
+    f->prefill_device_us = r->prefill.device_us;
+    f->decode_device_us = r->device_us;
     send_router(w, &m);
     char hex[33];
     id_hex(r->request_id, hex);
@@ -437,7 +439,8 @@ static void handle_prefill_done(worker_t *w, const proto_prefill_done_t *p) {
                                 .n_blocks_written = (int32_t)p->n_blocks_written,
                                 .queue_us = p->queue_us, .compute_us = p->compute_us,
                                 .transfer_us = p->transfer_us, .transfer_bytes = p->bytes_written,
-                                .cached_tokens = (int32_t)p->cached_tokens};
+                                .cached_tokens = (int32_t)p->cached_tokens,
+                                .device_us = p->device_us};
     baton_status_t st = decode_sched_prefill_done(w->sched, p->request_id.bytes, &d);
     if (st != BATON_OK) {
         char hex[33];
@@ -537,6 +540,14 @@ static void send_register(worker_t *w) {
     r->pool.n_regions = 2;
     r->pool.n_blocks = (uint32_t)g->n_blocks;
     r->pool.block_bytes = kv_pool_block_bytes(w->pool);
+    /* serving configuration (issue 6: /v1/serving_config) */
+    char cpu[256];
+    proto_host_cpu_model(cpu, sizeof(cpu));
+    const backend_t *be = model_backend(w->model);
+    r->max_batch = (uint32_t)w->cfg.max_batch;
+    r->cpu_model = cpu;
+    r->backend = (char *)be->ops->name;
+    r->compute_dtype = (char *)backend_dtype_name(be->weight_dtype);
     send_router(w, &m);
 }
 
@@ -562,6 +573,9 @@ static void on_heartbeat(evutil_socket_t fd, short ev, void *arg) {
     h->preemptions = st.preemptions;
     h->busy_us = st.busy_us;
     h->steps = st.steps;
+    h->idle_gaps = st.idle_gaps;
+    h->idle_gap_us = st.idle_gap_us;
+    h->idle_gap_max_us = st.idle_gap_max_us;
     send_router(w, &m);
 }
 

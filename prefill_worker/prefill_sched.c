@@ -53,6 +53,7 @@ typedef struct req {
     /* times, monotonic us */
     uint64_t t_submit, t_first, t_computed, t_dest;
     uint64_t deadline_us; /* WAIT_DEST */
+    uint64_t device_us;   /* share of the steps' forward time (by tokens) */
 } req_t;
 
 typedef struct early_dest {
@@ -86,6 +87,8 @@ struct prefill_sched {
     int32_t *match_ids;      /* [match_cap] */
     size_t match_cap;
     prefill_sched_stats_t st;
+    uint64_t t_last_step_end; /* monotonic us; 0 before the first step */
+    bool work_left;           /* prompt tokens were left after the last step */
 };
 
 static uint64_t now_us(void) {
@@ -281,6 +284,7 @@ static void finish_ok(prefill_sched_t *s, req_t *r) {
         .n_blocks_sent = r->n_sent_real,
         .queue_us = r->t_first - r->t_submit,
         .compute_us = r->t_computed - r->t_first,
+        .device_us = r->device_us,
         .wait_dest_us = r->t_dest > r->t_computed ? r->t_dest - r->t_computed : 0,
     };
     /* the hook may release/detach r: copy the id it points to */
@@ -566,8 +570,20 @@ baton_status_t prefill_sched_step(prefill_sched_t *s, int32_t *n_tokens_out) {
         return BATON_OK;
     }
     model_batch_t batch = {.seqs = s->seqs, .n_seqs = s->step_n};
+    if (s->work_left && s->t_last_step_end) { /* the scheduler idled with work pending */
+        uint64_t gap = t0 - s->t_last_step_end;
+        s->st.idle_gaps++;
+        s->st.idle_gap_us += gap;
+        if (gap > s->st.idle_gap_max_us) s->st.idle_gap_max_us = gap;
+    }
+    uint64_t t_fwd = now_us();
     baton_status_t fst = model_forward_layers(s->model, &s->kv, &batch, s->logits, on_layer, s);
     uint64_t t1 = now_us();
+    /* device time: the forward's duration split over the step's requests in
+     * proportion to their tokens (DESIGN "Observability and cost") */
+    for (int32_t i = 0; i < s->step_n && n_tok > 0; i++)
+        s->step_reqs[i]->device_us +=
+            (t1 - t_fwd) * (uint64_t)s->step_reqs[i]->step_chunk / (uint64_t)n_tok;
     s->st.steps++;
     s->st.step_tokens += (uint64_t)n_tok;
     int32_t n = s->step_n;
@@ -621,6 +637,13 @@ baton_status_t prefill_sched_step(prefill_sched_t *s, int32_t *n_tokens_out) {
         }
     }
     s->st.busy_us += now_us() - t0;
+    s->t_last_step_end = now_us();
+    s->work_left = false;
+    for (const req_t *q = s->head; q; q = q->next)
+        if (q->state == REQ_QUEUED || q->state == REQ_RUNNING) {
+            s->work_left = true;
+            break;
+        }
     if (n_tokens_out) *n_tokens_out = n_tok;
     return BATON_OK;
 }

@@ -91,6 +91,8 @@ typedef struct prefill_sched_result {
     uint64_t queue_us;           /* submit -> first chunk */
     uint64_t compute_us;         /* first chunk start -> last chunk end */
     uint64_t wait_dest_us;       /* last chunk end -> destination known (0 when it was) */
+    uint64_t device_us;          /* device time: the request's share of each step's forward
+                                    time, split in proportion to its tokens in the step */
 } prefill_sched_result_t;
 
 typedef struct prefill_sched_hooks {
@@ -130,6 +132,9 @@ typedef struct prefill_sched_stats {
     uint64_t steps;                 /* forward steps run */
     uint64_t busy_us;               /* time spent inside steps */
     uint64_t step_tokens;           /* tokens computed, all steps */
+    uint64_t idle_gaps;             /* steps that started after a gap with prompt tokens left */
+    uint64_t idle_gap_us;           /* sum of those gaps (last step end -> next step start) */
+    uint64_t idle_gap_max_us;       /* longest such gap */
     uint64_t finished_ok, failed;   /* requests by outcome */
 } prefill_sched_stats_t;
 

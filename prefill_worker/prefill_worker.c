@@ -224,6 +224,7 @@ static void send_prefill_done(worker_t *w, req_ctx_t *c, baton_status_t st, cons
         d->compute_us = c->res.compute_us;
         d->transfer_us = transfer_us;
         d->cached_tokens = (uint32_t)c->res.n_cached_tokens;
+        d->device_us = c->res.device_us;
     }
     if (to_decode && c->decode_endpoint && *c->decode_endpoint) {
         proto_chan_t *pc = peer_chan(w, c->decode_endpoint);
@@ -771,6 +772,14 @@ static void send_register(worker_t *w) {
     r->kv.hash_seed_id = XXH3_64bits(le, sizeof(le)); /* cluster.md: XXH3-64 of the seed */
     r->pool.n_blocks = (uint32_t)g->n_blocks;
     r->pool.block_bytes = kv_pool_block_bytes(w->pool);
+    /* serving configuration (issue 6: /v1/serving_config) */
+    char cpu[256];
+    proto_host_cpu_model(cpu, sizeof(cpu));
+    const backend_t *be = model_backend(w->model);
+    r->max_batch_tokens = (uint32_t)w->cfg.max_batch_tokens;
+    r->cpu_model = cpu;
+    r->backend = (char *)be->ops->name;
+    r->compute_dtype = (char *)backend_dtype_name(be->weight_dtype);
     send_router(w, &m);
 }
 
@@ -801,6 +810,9 @@ static void on_heartbeat(evutil_socket_t fd, short ev, void *arg) {
     h->cache_lookup_blocks = rs.hit_blocks + rs.miss_blocks;
     h->busy_us = st.busy_us;
     h->steps = st.steps;
+    h->idle_gaps = st.idle_gaps;
+    h->idle_gap_us = st.idle_gap_us;
+    h->idle_gap_max_us = st.idle_gap_max_us;
     send_router(w, &m);
 }
 
