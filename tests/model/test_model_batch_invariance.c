@@ -4,8 +4,8 @@
  * step (memcmp), so greedy decoding and seeded temperature-1 sampling give
  * the same tokens alone and batched.
  *
- * Each sequence is prefilled in a step of its own (as the prefill side would
- * send it), then decoded DECODE_STEPS steps: alone (a batch of 1; for
+ * Each sequence is prefilled alone (a step of its own) or packed with others
+ * into steps of up to 64 tokens, then decoded DECODE_STEPS steps: alone (a batch of 1; for
  * sequences 0, 2 and 4: the first, the longest prompt and the shortest) and
  * with all 8 sequences in every step. The reference for a batched row is
  * the same sequence's alone run (an independent execution path through the
@@ -23,6 +23,9 @@
 #define DECODE_STEPS 4
 #define BLOCK 16
 #define MAX_BLOCKS 6 /* 96 positions: prompt (<= 64) + decode steps */
+/* Tokens per batched prefill step: prompts are packed up to this (the
+ * backend's batch-invariant matmul range, kernels/backend.h). */
+#define PREFILL_PACK 64
 
 static const int prompt_len[N_SEQS] = {37, 9, 64, 23, 5, 50, 17, 31};
 
@@ -51,7 +54,8 @@ static int32_t pick(seq_t *s, const float *logits, int32_t n_vocab) {
     return r.token;
 }
 
-/* Prefills sequences `which[0..n)` one per step, then runs DECODE_STEPS
+/* Prefills sequences `which[0..n)` (alone: one step; batched: several
+ * prompts per step, up to PREFILL_PACK tokens), then runs DECODE_STEPS
  * decode steps with all of them in every step. Fills tokens and logits. */
 static void run(model_t *m, const model_kv_t *kv, seq_t *seqs, const int *which, int n,
                 const sampling_params_t *sp) {
@@ -66,10 +70,23 @@ static void run(model_t *m, const model_kv_t *kv, seq_t *seqs, const int *which,
             p.seed = sp->seed + (uint64_t)which[i];
             CHECK_OK(sampler_init(&p, n_vocab, &s->sampler));
         }
-        model_seq_t q = {s->prompt, prompt_len[which[i]], 0, s->bt, MAX_BLOCKS, MODEL_LOGITS_LAST};
-        model_batch_t b = {&q, 1};
+    }
+    /* prefill: whole prompts, packed into steps of at most PREFILL_PACK tokens */
+    for (int i = 0; i < n;) {
+        model_seq_t q[N_SEQS];
+        int k = 0, total = 0;
+        while (i + k < n && (k == 0 || total + prompt_len[which[i + k]] <= PREFILL_PACK)) {
+            seq_t *s = &seqs[which[i + k]];
+            q[k] = (model_seq_t){s->prompt, prompt_len[which[i + k]], 0, s->bt, MAX_BLOCKS,
+                                 MODEL_LOGITS_LAST};
+            total += prompt_len[which[i + k]];
+            k++;
+        }
+        model_batch_t b = {q, k};
         CHECK_OK(model_forward(m, kv, &b, lg));
-        s->tokens[0] = pick(s, lg, n_vocab);
+        for (int j = 0; j < k; j++)
+            seqs[which[i + j]].tokens[0] = pick(&seqs[which[i + j]], lg + (size_t)j * n_vocab, n_vocab);
+        i += k;
     }
     for (int step = 0; step < DECODE_STEPS; step++) {
         model_seq_t q[N_SEQS];
