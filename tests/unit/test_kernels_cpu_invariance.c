@@ -4,11 +4,11 @@
  * any thread count. Random data; the accuracy of the same paths against
  * double-precision references is in test_kernels_cpu.c.
  *   matmul: every row of X alone (n = 1) vs inside slices of n = 2..64 rows
- *   (the small-batch path) starting at varying offsets, 1/2/4 threads, with
+ *   (the small-batch path) starting at varying offsets, 1/2/4/8 threads, with
  *   and without bias, shapes with and without an in % 8 tail.
  *   attention: 8 sequences of different context lengths (short, one block,
  *   several 256-key segments), one of them a multi-token chunk; each alone
- *   on 1 thread vs all together, subsets, and alone at 2/4 threads (where
+ *   on 1 thread vs all together, subsets, and alone at 2/4/8 threads (where
  *   few units trigger the parallel segment split). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,8 +35,11 @@ static float *rand_vec(size_t n, float lo, float hi) {
     return v;
 }
 
-#define N_THREADS 3
-static const int thread_counts[N_THREADS] = {1, 2, 4};
+/* 8 threads: few (tile, KV head) units per thread, so a long sequence's
+ * segments are spread over parallel tasks and merged (for 8 sequences and
+ * for one alone alike). */
+#define N_THREADS 4
+static const int thread_counts[N_THREADS] = {1, 2, 4, 8};
 
 static void test_matmul_invariance(backend_t *bes[N_THREADS]) {
     const int shapes[][2] = {/* in, out */ {576, 1536}, {581, 101}, {1536, 576}, {13, 7}};
