@@ -57,6 +57,7 @@ void request_free(request_t *r) {
     json_decref(r->logprobs);
     json_decref(r->logprobs_pending);
     free(r->text);
+    free(r->final_text);
     free(r);
 }
 

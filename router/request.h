@@ -21,6 +21,7 @@
 #include "common/block_hash.h"
 #include "common/status.h"
 #include "proto/messages.h"
+#include "router/observe.h"
 #include "router/stream.h"
 
 typedef enum request_state {
@@ -80,6 +81,16 @@ typedef struct request {
     int error_http_status; /* for failed requests */
     char error[256];
     request_trace_t trace;
+    /* stage record (router/observe.h) */
+    char response_id[48];       /* the call's response id ("cmpl-..."), kept after the call */
+    char tenant[OBSERVE_TENANT_MAX + 1];
+    uint64_t prefill_device_us, decode_device_us; /* workers' device time */
+    char *final_text;           /* last delta, held until RequestFinished (owned) */
+    size_t final_len;
+    uint64_t close_deadline_ms; /* wait for RequestFinished until then (monotonic ms) */
+    bool closed;                /* the client got this choice's end and its record */
+    bool recorded;              /* record filled and pushed to the ring */
+    observe_record_t record;
 } request_t;
 
 const char *request_state_name(request_state_t st);

@@ -31,6 +31,7 @@
 #include "proto/zmq_channel.h"
 #include "router/http_api.h"
 #include "router/metrics.h"
+#include "router/observe.h"
 #include "router/openai_format.h"
 #include "router/radix_index.h"
 #include "router/request.h"
@@ -39,6 +40,11 @@
 #define COMP "router"
 #define SPECULATIVE_TTL_MS 10000
 #define LINGER_MS 5000
+#define FINISH_WAIT_MS 2000  /* last token -> RequestFinished wait before answering anyway */
+#define RECORD_RING 10000    /* stage records kept for GET /v1/requests/{id} */
+#ifndef BATON_VERSION
+#define BATON_VERSION "unknown"
+#endif
 #define RESYNC_INTERVAL_MS 1000
 #define MAX_SUB_ENDPOINTS WORKER_TABLE_MAX
 
@@ -75,6 +81,12 @@ struct router_server {
     router_metrics_t metrics;
     char **api_keys;
     size_t n_api_keys;
+    /* issue 6: records, tenants, utilisation, serving configuration */
+    observe_ring_t records;
+    observe_tenants_t tenants;
+    observe_util_t util[WORKER_TABLE_MAX];
+    json_t *serving_config; /* without the fingerprint */
+    char fingerprint[16];
 };
 
 struct call {
@@ -83,6 +95,7 @@ struct call {
     struct evhttp_connection *conn;
     http_api_params_t params;
     char id[48];
+    char fingerprint[16]; /* system_fingerprint at arrival */
     int64_t created;
     request_t **choices;
     size_t n_choices, n_done;
@@ -276,7 +289,26 @@ static void stream_start(call_t *c) {
     c->stream_started = true;
 }
 
+/* Sets the response's system_fingerprint on obj (a response or chunk). */
+static json_t *with_fp(const call_t *c, json_t *obj) {
+    if (obj)
+        json_object_set_new(obj, "system_fingerprint", json_string(c->fingerprint));
+    return obj;
+}
+
+/* The `baton` object of a call: the single choice's record, or for n > 1
+ * {"request_id", "choices": [records]}. New reference or NULL. */
+static json_t *call_baton(const call_t *c) {
+    if (c->n_choices == 1)
+        return observe_record_json(&c->choices[0]->record);
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < c->n_choices; i++)
+        json_array_append_new(arr, observe_record_json(&c->choices[i]->record));
+    return json_pack("{s:s, s:o}", "request_id", c->id, "choices", arr);
+}
+
 static void stream_write_obj(call_t *c, json_t *obj) {
+    with_fp(c, obj);
     size_t n = 0;
     char *s = obj ? openai_format_sse(obj, &n) : NULL;
     if (s)
@@ -307,9 +339,13 @@ static void call_complete(call_t *c) {
     usage_of_call(c, &u);
     if (c->params.stream) {
         stream_start(c);
-        if (c->params.include_usage)
-            stream_write_obj(c, openai_format_usage_chunk(c->params.kind, c->id, c->created,
-                                                          srv->model_name, &u));
+        if (c->params.include_usage) {
+            json_t *uc = openai_format_usage_chunk(c->params.kind, c->id, c->created,
+                                                   srv->model_name, &u);
+            if (uc)
+                json_object_set_new(uc, "baton", call_baton(c));
+            stream_write_obj(c, uc);
+        }
         stream_write(c, "data: [DONE]\n\n", 14);
         evhttp_send_reply_end(c->req);
     } else {
@@ -337,9 +373,11 @@ static void call_complete(call_t *c) {
                 ch[i].finish_reason = r->finish_reason ? r->finish_reason : "stop";
                 ch[i].logprobs = c->params.logprobs ? (json_t *)r->logprobs : NULL;
             }
-            send_json_obj(c->req, 200,
-                          openai_format_response(c->params.kind, c->id, c->created,
-                                                 srv->model_name, ch, c->n_choices, &u));
+            json_t *resp = with_fp(c, openai_format_response(c->params.kind, c->id, c->created,
+                                                             srv->model_name, ch, c->n_choices, &u));
+            if (resp)
+                json_object_set_new(resp, "baton", call_baton(c));
+            send_json_obj(c->req, 200, resp);
         }
         if (joined)
             for (size_t i = 0; i < c->n_choices; i++)
@@ -430,7 +468,7 @@ static void observe_finished(router_server_t *srv, request_t *r) {
 }
 
 static void choice_emit(call_t *c, request_t *r, const char *text, size_t len, bool first,
-                        const char *finish_reason) {
+                        const char *finish_reason, json_t *baton) {
     if (!c)
         return;
     if (c->params.stream) {
@@ -445,10 +483,12 @@ static void choice_emit(call_t *c, request_t *r, const char *text, size_t len, b
                                                     c->params.include_usage, NULL));
         if (c->params.kind == HTTP_API_COMPLETIONS && first && len == 0 && !finish_reason)
             return;
-        stream_write_obj(c, openai_format_chunk(c->params.kind, c->id, c->created,
-                                                c->srv->model_name, r->index, text, len, first,
-                                                finish_reason, c->params.include_usage,
-                                                r->logprobs_pending));
+        json_t *ch = openai_format_chunk(c->params.kind, c->id, c->created, c->srv->model_name,
+                                         r->index, text, len, first, finish_reason,
+                                         c->params.include_usage, r->logprobs_pending);
+        if (ch && baton)
+            json_object_set(ch, "baton", baton);
+        stream_write_obj(c, ch);
         json_decref(r->logprobs_pending);
         r->logprobs_pending = NULL;
     } else if (len > 0 && request_append_text(r, text, len) != BATON_OK) {
@@ -457,26 +497,106 @@ static void choice_emit(call_t *c, request_t *r, const char *text, size_t len, b
     r->out_bytes += len;
 }
 
+/* Fills r->record as of end_us (the last byte to the client). */
+static void record_fill(router_server_t *srv, request_t *r, uint64_t end_us) {
+    observe_record_t *rec = &r->record;
+    memset(rec, 0, sizeof(*rec));
+    snprintf(rec->request_id, sizeof(rec->request_id), "%s", r->response_id);
+    rec->choice = r->index;
+    snprintf(rec->tenant, sizeof(rec->tenant), "%s", r->tenant[0] ? r->tenant : "default");
+    rec->complete = r->state == REQUEST_FINISHED && r->worker_finished;
+    snprintf(rec->finish_reason, sizeof(rec->finish_reason), "%s",
+             r->finish_reason ? r->finish_reason : r->state == REQUEST_FAILED ? "error" : "none");
+    observe_times_t t = {
+        .arrival_us = r->trace.arrival_us,
+        .prefill_done_us = r->trace.prefill_done_us,
+        .end_us = end_us,
+        .prefill_us = r->trace.prefill_us,
+        .transfer_us = r->trace.transfer_us,
+        .decode_us = r->trace.decode_us,
+    };
+    observe_stages(&t, rec->stages_ms, &rec->e2e_ms);
+    rec->worker_ms[0] = (double)r->trace.queue_us / 1000.0;
+    rec->worker_ms[1] = (double)r->trace.prefill_us / 1000.0;
+    rec->worker_ms[2] = (double)r->trace.transfer_us / 1000.0;
+    rec->worker_ms[3] = (double)r->trace.decode_us / 1000.0;
+    rec->prefill_device_us = r->prefill_device_us;
+    rec->decode_device_us = r->decode_device_us;
+    rec->prompt_tokens = (uint32_t)r->n_prompt;
+    rec->completion_tokens = r->completion_tokens;
+    rec->predicted_hit_tokens = r->predicted_hit_blocks * srv->cfg.block_size;
+    rec->cached_tokens = r->cached_tokens;
+    rec->transfer_bytes = r->trace.transfer_bytes;
+    snprintf(rec->prefill_worker, sizeof(rec->prefill_worker), "%s", r->prefill_id);
+    snprintf(rec->decode_worker, sizeof(rec->decode_worker), "%s", r->decode_id);
+}
+
+/* A finished choice's record is final: stage histograms, tenant sums, ring. */
+static void record_publish(router_server_t *srv, request_t *r) {
+    const observe_record_t *rec = &r->record;
+    router_metrics_t *m = &srv->metrics;
+    metrics_hist_t *h[OBSERVE_N_STAGES] = {&m->queue, &m->prefill, &m->transfer, &m->decode};
+    for (int i = 0; i < OBSERVE_N_STAGES; i++)
+        metrics_hist_observe(h[i], rec->stages_ms[i] / 1000.0);
+    if (observe_tenants_add(&srv->tenants, rec->tenant,
+                            rec->prefill_device_us + rec->decode_device_us, rec->prompt_tokens,
+                            rec->completion_tokens, 1) != BATON_OK)
+        LOG_WARN(COMP, "tenant sums: %s", baton_last_error());
+    observe_ring_push(&srv->records, rec);
+    r->recorded = true;
+}
+
+/* Answers a finished choice once its worker's RequestFinished arrived (its
+ * cached tokens and device time are then known) or FINISH_WAIT_MS passed:
+ * the record is filled as of now (the last byte), the last delta goes out
+ * with it (streams without usage), and the call completes when this was its
+ * last choice. May free the call and r. */
+static void choice_try_close(router_server_t *srv, request_t *r) {
+    call_t *c = r->call;
+    if (!c || r->closed || !r->done || r->state != REQUEST_FINISHED)
+        return;
+    if (!r->worker_finished && mono_ms() < r->close_deadline_ms)
+        return;
+    r->closed = true;
+    uint64_t end = mono_us();
+    r->trace.finished_us = end;
+    record_fill(srv, r, end);
+    observe_finished(srv, r);
+    record_publish(srv, r);
+    json_t *baton = c->params.stream && !c->params.include_usage ? observe_record_json(&r->record)
+                                                                 : NULL;
+    choice_emit(c, r, r->final_text ? r->final_text : "", r->final_len, r->completion_tokens == 0,
+                r->finish_reason, baton);
+    json_decref(baton);
+    if (++c->n_done == c->n_choices)
+        call_complete(c);
+}
+
 static void choice_finish(router_server_t *srv, request_t *r, const char *reason) {
     if (r->done)
         return;
-    call_t *c = r->call;
     const char *text = "";
     size_t len = 0;
     if (stream_finish(r->stream, &text, &len) != BATON_OK)
         len = 0;
+    if (len > 0) { /* held until the choice closes */
+        r->final_text = malloc(len);
+        if (r->final_text) {
+            memcpy(r->final_text, text, len);
+            r->final_len = len;
+        } else {
+            LOG_ERROR(COMP, "%s: out of memory for the last %zu bytes of text", r->id_hex, len);
+        }
+    }
     r->finish_reason = reason;
     r->done = true;
     r->trace.finished_us = mono_us();
+    r->close_deadline_ms = mono_ms() + FINISH_WAIT_MS;
     request_set_state(r, REQUEST_FINISHED, mono_ms(), &(request_deadlines_t){0});
     release_load(srv, r);
     srv->metrics.requests_ok++;
-    observe_finished(srv, r);
-    if (c) {
-        choice_emit(c, r, text, len, r->completion_tokens == 0, reason);
-        if (++c->n_done == c->n_choices)
-            call_complete(c);
-    }
+    if (r->call)
+        choice_try_close(srv, r);
 }
 
 static void choice_fail(router_server_t *srv, request_t *r, int http_status, const char *code,
@@ -504,11 +624,107 @@ static void choice_fail(router_server_t *srv, request_t *r, int http_status, con
 /* Logs the request's trace line and frees it; r->call must be NULL (the
  * call no longer needs it). */
 static void request_retire(router_server_t *srv, request_t *r) {
+    if (!r->recorded) { /* failed, aborted, or its client left before the end */
+        record_fill(srv, r, r->trace.finished_us ? r->trace.finished_us : mono_us());
+        observe_ring_push(&srv->records, &r->record);
+        r->recorded = true;
+    }
     char line[1024];
     request_trace_format(r, line, sizeof(line));
-    LOG_INFO(COMP, "%s", line);
+    LOG_DEBUG(COMP, "%s", line);
+    char *rec = observe_record_line(&r->record);
+    LOG_INFO(COMP, "request_record %s", rec ? rec : "(out of memory)");
+    free(rec);
     request_table_remove(&srv->requests, r);
     request_free(r);
+}
+
+/* ---- serving configuration (issue 6) ---- */
+
+static void hex_of(const uint8_t *b, size_t n, char *out) {
+    for (size_t i = 0; i < n; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static const char *kv_dtype_name(proto_kv_dtype_t d) {
+    return d == PROTO_KV_DTYPE_F16 ? "f16" : d == PROTO_KV_DTYPE_BF16 ? "bf16" : "f32";
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Rebuilds srv->serving_config and srv->fingerprint from the router's
+ * options and the registered workers. Workers appear as their distinct
+ * configurations with a count (ids and epochs are left out, so a restart
+ * keeps the fingerprint), sorted. */
+static void serving_config_refresh(router_server_t *srv) {
+    char *dumps[WORKER_TABLE_MAX];
+    size_t n = 0;
+    for (uint32_t i = 0; i < WORKER_TABLE_MAX; i++) {
+        const worker_entry_t *w = &srv->workers.w[i];
+        if (!w->used)
+            continue;
+        char sha[2 * PROTO_SHA256_BYTES + 1];
+        hex_of(w->model_sha256, PROTO_SHA256_BYTES, sha);
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s?, s:s?, s:s, s:{s:I, s:I, s:I, s:I}, s:I, s:I, s:s?, s:n}", "role",
+            worker_table_role_name(w->role), "model_sha256", sha, "backend",
+            w->backend[0] ? w->backend : NULL, "compute_dtype",
+            w->compute_dtype[0] ? w->compute_dtype : NULL, "kv_dtype", kv_dtype_name(w->kv.dtype),
+            "kv", "n_layers", (json_int_t)w->kv.n_layers, "n_kv_heads", (json_int_t)w->kv.n_kv_heads,
+            "head_dim", (json_int_t)w->kv.head_dim, "block_size", (json_int_t)w->kv.block_size,
+            "max_batch_tokens", (json_int_t)w->max_batch_tokens, "max_batch",
+            (json_int_t)w->max_batch, "cpu_model", w->cpu_model[0] ? w->cpu_model : NULL,
+            "gpu_model");
+        char *d = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(o);
+        if (d)
+            dumps[n++] = d;
+    }
+    qsort(dumps, n, sizeof(dumps[0]), cmp_str);
+    json_t *workers = json_array();
+    for (size_t i = 0; i < n;) {
+        size_t k = i;
+        while (k < n && !strcmp(dumps[k], dumps[i]))
+            k++;
+        json_t *o = json_loads(dumps[i], 0, NULL);
+        if (o && workers) {
+            json_object_set_new(o, "count", json_integer((json_int_t)(k - i)));
+            json_array_append_new(workers, o);
+        } else {
+            json_decref(o);
+        }
+        i = k;
+    }
+    for (size_t i = 0; i < n; i++)
+        free(dumps[i]);
+    char seed_id[17];
+    snprintf(seed_id, sizeof(seed_id), "%016llx",
+             (unsigned long long)worker_table_seed_id(srv->cfg.hash_seed));
+    const char *mf = srv->cfg.model_path ? srv->cfg.model_path : "";
+    const char *slash = strrchr(mf, '/');
+    /* sampling defaults: what http_api_parse fills in when a field is absent */
+    json_t *cfg = json_pack(
+        "{s:s, s:s, s:s, s:I, s:s, s:I, s:s, s:{s:f, s:f, s:I, s:f, s:f, s:f, s:f, s:s, s:I},"
+        " s:{s:I, s:I, s:I, s:I}, s:o?}",
+        "version", BATON_VERSION, "model", srv->model_name, "model_file",
+        slash ? slash + 1 : mf, "n_ctx", (json_int_t)srv->n_ctx,
+        "policy", route_policy_name(srv->cfg.route.policy), "block_size",
+        (json_int_t)srv->cfg.block_size, "hash_seed_id", seed_id,
+        "sampling_defaults", "temperature", 1.0, "top_p", 1.0, "top_k", (json_int_t)0, "min_p",
+        0.0, "repetition_penalty", 1.0, "presence_penalty", 0.0, "frequency_penalty", 0.0,
+        "max_tokens", "context left", "n", (json_int_t)1, "timeouts_ms", "request",
+        (json_int_t)srv->cfg.request_timeout_ms, "first_token",
+        (json_int_t)srv->cfg.first_token_timeout_ms, "token", (json_int_t)srv->cfg.token_timeout_ms,
+        "worker", (json_int_t)srv->cfg.worker_timeout_ms, "workers", workers);
+    if (!cfg) {
+        LOG_ERROR(COMP, "serving config: out of memory (fingerprint kept)");
+        return;
+    }
+    json_decref(srv->serving_config);
+    srv->serving_config = cfg;
+    observe_fingerprint(cfg, srv->fingerprint);
 }
 
 /* ---- control messages from workers ---- */
@@ -577,6 +793,7 @@ static void on_register(router_server_t *srv, const proto_worker_register_t *reg
              worker_table_role_name(reg->role), (unsigned long long)reg->epoch,
              reg->zmq_endpoint ? reg->zmq_endpoint : "", reg->kv_events_endpoint ? reg->kv_events_endpoint : "");
     sub_connect(srv, reg->kv_events_endpoint);
+    serving_config_refresh(srv);
     char why[256];
     for (uint32_t j = 0; j < WORKER_TABLE_MAX; j++) {
         worker_entry_t *o = &srv->workers.w[j];
@@ -601,6 +818,7 @@ static void on_prefill_done(router_server_t *srv, const proto_prefill_done_t *pd
     r->trace.prefill_us = pd->compute_us;
     r->trace.transfer_us = pd->transfer_us;
     r->trace.transfer_bytes = pd->bytes_written;
+    r->prefill_device_us = pd->device_us;
     release_prefill_load(srv, r);
     if (r->done)
         return;
@@ -661,7 +879,7 @@ static void on_token_entry(router_server_t *srv, const proto_token_entry_t *e) {
             choice_fail(srv, r, 502, "bad_token", baton_last_error());
             return;
         }
-        choice_emit(r->call, r, text, len, first, NULL);
+        choice_emit(r->call, r, text, len, first, NULL, NULL);
         if (stopped) {
             send_abort(srv, r, "stop string");
             choice_finish(srv, r, "stop");
@@ -691,35 +909,57 @@ static void on_request_finished(router_server_t *srv, const proto_request_finish
         r->trace.transfer_us = f->timings.transfer_us;
     if (f->timings.transfer_bytes)
         r->trace.transfer_bytes = f->timings.transfer_bytes;
-    if (!r->done) {
-        if (f->finish_reason == PROTO_FINISH_STOP)
-            choice_finish(srv, r, "stop");
-        else if (f->finish_reason == PROTO_FINISH_LENGTH)
-            choice_finish(srv, r, "length");
-        else {
+    if (f->prefill_device_us)
+        r->prefill_device_us = f->prefill_device_us;
+    r->decode_device_us = f->decode_device_us;
+    bool ok_report = f->finish_reason == PROTO_FINISH_STOP || f->finish_reason == PROTO_FINISH_LENGTH;
+    bool ok = r->done ? r->state == REQUEST_FINISHED : ok_report;
+    router_metrics_t *m = &srv->metrics;
+    if (ok) {
+        m->measured_cached_tokens += f->cached_tokens;
+        m->measured_prompt_tokens += f->prompt_tokens;
+        m->transfer_bytes += r->trace.transfer_bytes;
+    }
+    r->worker_finished = true;
+    if (r->closed) {
+        /* answered after FINISH_WAIT_MS without it: complete the published record */
+        observe_record_t *rec = observe_ring_find(&srv->records, r->response_id, r->index);
+        uint64_t dev = r->prefill_device_us + r->decode_device_us;
+        if (rec) {
+            rec->prefill_device_us = r->prefill_device_us;
+            rec->decode_device_us = r->decode_device_us;
+            rec->cached_tokens = r->cached_tokens;
+        }
+        r->record.prefill_device_us = r->prefill_device_us;
+        r->record.decode_device_us = r->decode_device_us;
+        r->record.cached_tokens = r->cached_tokens;
+        if (dev && observe_tenants_add(&srv->tenants, r->record.tenant, dev, 0, 0, 0) != BATON_OK)
+            LOG_WARN(COMP, "tenant sums: %s", baton_last_error());
+        if (!r->call)
+            request_retire(srv, r);
+        return;
+    }
+    if (!r->done) { /* r->call is set: a choice is only done without a call */
+        if (ok_report) {
+            choice_finish(srv, r, f->finish_reason == PROTO_FINISH_STOP ? "stop" : "length");
+        } else {
             char msg[300];
             snprintf(msg, sizeof(msg), "request failed on %s: %s", f->worker_id,
                      f->error && f->error[0] ? f->error : baton_status_str(f->status));
             bool cannot_fit = f->status == BATON_ERR_NO_SPACE;
+            bool had_call = r->call != NULL;
             choice_fail(srv, r, cannot_fit ? 400 : 502, cannot_fit ? "kv_capacity" : "worker_error",
                         msg);
+            if (!had_call)
+                request_retire(srv, r);
         }
+        return; /* finishing/failing may have answered the call and retired r */
     }
-    /* set only now: finishing/failing above may answer and free the call,
-     * which retires choices whose worker already reported */
-    r->worker_finished = true;
-    router_metrics_t *m = &srv->metrics;
-    if (r->state == REQUEST_FINISHED) {
-        m->measured_cached_tokens += f->cached_tokens;
-        m->measured_prompt_tokens += f->prompt_tokens;
-        m->transfer_bytes += r->trace.transfer_bytes;
-        metrics_hist_observe(&m->queue, (double)r->trace.queue_us / 1e6);
-        metrics_hist_observe(&m->prefill, (double)r->trace.prefill_us / 1e6);
-        metrics_hist_observe(&m->transfer, (double)r->trace.transfer_us / 1e6);
-        metrics_hist_observe(&m->decode, (double)r->trace.decode_us / 1e6);
+    if (r->call) {
+        choice_try_close(srv, r); /* may free the call and r; else call_free retires r */
+        return;
     }
-    if (!r->call) /* else the call still needs its text; call_free retires it */
-        request_retire(srv, r);
+    request_retire(srv, r);
 }
 
 static void on_control_msg(void *arg, proto_chan_t *chan, const char *peer, proto_msg_t *msg) {
@@ -734,10 +974,18 @@ static void on_control_msg(void *arg, proto_chan_t *chan, const char *peer, prot
         }
         on_register(srv, &msg->u.worker_register);
         break;
-    case PROTO_MSG_WORKER_HEARTBEAT:
-        if (worker_table_heartbeat(&srv->workers, &msg->u.worker_heartbeat, mono_ms()) != BATON_OK)
+    case PROTO_MSG_WORKER_HEARTBEAT: {
+        const proto_worker_heartbeat_t *hb = &msg->u.worker_heartbeat;
+        uint64_t now = mono_ms();
+        if (worker_table_heartbeat(&srv->workers, hb, now) != BATON_OK) {
             LOG_DEBUG(COMP, "%s", baton_last_error());
+            break;
+        }
+        worker_entry_t *w = worker_table_find(&srv->workers, hb->worker_id);
+        if (w)
+            observe_util_add(&srv->util[w->slot], hb->epoch, now, hb->busy_us);
         break;
+    }
     case PROTO_MSG_PREFILL_DONE: on_prefill_done(srv, &msg->u.prefill_done); break;
     case PROTO_MSG_TOKEN_CHUNK:
         for (uint32_t i = 0; i < msg->u.token_chunk.n_entries; i++)
@@ -886,6 +1134,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
         worker_table_remove(&srv->workers, (uint32_t)slot);
         srv->snapshots[slot].n = 0;
         srv->snapshots[slot].active = false;
+        serving_config_refresh(srv);
     }
     radix_index_expire(srv->index, now);
     for (size_t i = 0; i < srv->requests.n;) {
@@ -899,6 +1148,11 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
             choice_fail(srv, r, 504, "timeout", msg);
         } else if (r->done && !r->call && now > r->trace.finished_us / 1000 + LINGER_MS) {
             request_retire(srv, r);
+        } else if (r->done && r->call && !r->closed && r->state == REQUEST_FINISHED &&
+                   now >= r->close_deadline_ms) {
+            LOG_WARN(COMP, "%s: no RequestFinished within %d ms of the last token: answering "
+                           "without the worker's usage and device time", r->id_hex, FINISH_WAIT_MS);
+            choice_try_close(srv, r); /* may free the call and several requests */
         }
         if (srv->requests.n == n_before)
             i++;
@@ -1252,6 +1506,20 @@ static void handle_generate(router_server_t *srv, struct evhttp_request *req, ht
         goto reject;
     }
     openai_format_id(kind, c->choices[0]->id.bytes, c->id);
+    memcpy(c->fingerprint, srv->fingerprint, sizeof(c->fingerprint));
+    {
+        char tenant[OBSERVE_TENANT_MAX + 1];
+        const char *key = NULL;
+        if (srv->n_api_keys > 0) { /* check_auth accepted the bearer key */
+            const char *h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+            key = h && !strncmp(h, "Bearer ", 7) ? h + 7 : NULL;
+        }
+        observe_tenant_name(key, p->user, tenant);
+        for (size_t i = 0; i < c->n_choices; i++) {
+            memcpy(c->choices[i]->response_id, c->id, sizeof(c->id));
+            memcpy(c->choices[i]->tenant, tenant, sizeof(tenant));
+        }
+    }
     for (size_t i = 0; i < c->n_choices; i++) {
         if (request_table_add(&srv->requests, c->choices[i]) != BATON_OK) {
             for (size_t k = 0; k < i; k++)
@@ -1483,6 +1751,41 @@ static void handle_metrics(router_server_t *srv, struct evhttp_request *req) {
                         "# TYPE baton_router_worker_measured_hit_rate gauge\n"
                         "baton_router_worker_measured_hit_rate %.6f\n",
                         lookup ? (double)hit / (double)lookup : 0.0);
+    observe_tenants_write(&t, &srv->tenants);
+    metrics_text_printf(&t,
+                        "# HELP baton_worker_utilization Busy fraction of the worker's steps over "
+                        "the last minute (heartbeats' busy_us deltas).\n"
+                        "# TYPE baton_worker_utilization gauge\n");
+    for (uint32_t i = 0; i < WORKER_TABLE_MAX; i++) {
+        const worker_entry_t *w = &srv->workers.w[i];
+        double f;
+        if (w->used && observe_util_fraction(&srv->util[i], now, &f))
+            metrics_text_printf(&t, "baton_worker_utilization{worker=\"%s\",role=\"%s\"} %.4f\n",
+                                w->id, worker_table_role_name(w->role), f);
+    }
+    metrics_text_printf(&t,
+                        "# HELP baton_worker_idle_gap_seconds Scheduler idle gaps: end of a step "
+                        "-> start of the next while work was pending (sum, count, max).\n"
+                        "# TYPE baton_worker_idle_gap_seconds summary\n");
+    for (uint32_t i = 0; i < WORKER_TABLE_MAX; i++) {
+        const worker_entry_t *w = &srv->workers.w[i];
+        if (!w->used)
+            continue;
+        metrics_text_printf(&t,
+                            "baton_worker_idle_gap_seconds_sum{worker=\"%s\",role=\"%s\"} %.6f\n"
+                            "baton_worker_idle_gap_seconds_count{worker=\"%s\",role=\"%s\"} %llu\n",
+                            w->id, worker_table_role_name(w->role), (double)w->hb.idle_gap_us / 1e6,
+                            w->id, worker_table_role_name(w->role),
+                            (unsigned long long)w->hb.idle_gaps);
+    }
+    metrics_text_printf(&t, "# TYPE baton_worker_idle_gap_max_seconds gauge\n");
+    for (uint32_t i = 0; i < WORKER_TABLE_MAX; i++) {
+        const worker_entry_t *w = &srv->workers.w[i];
+        if (w->used)
+            metrics_text_printf(&t, "baton_worker_idle_gap_max_seconds{worker=\"%s\",role=\"%s\"} %.6f\n",
+                                w->id, worker_table_role_name(w->role),
+                                (double)w->hb.idle_gap_max_us / 1e6);
+    }
     const proto_stats_t *ps = proto_chan_stats(srv->control);
     metrics_text_printf(&t, "# TYPE baton_router_proto_errors_total counter\n"
                             "baton_router_proto_errors_total %llu\n",
@@ -1504,6 +1807,46 @@ static void handle_metrics(router_server_t *srv, struct evhttp_request *req) {
     metrics_text_free(&t);
 }
 
+/* GET /v1/requests/{id}: the stage record of a recent request (choice 0, or
+ * ?choice=N), from the ring of the last RECORD_RING records. */
+static void handle_request_record(router_server_t *srv, struct evhttp_request *req, const char *id) {
+    if (!check_auth(srv, req))
+        return;
+    uint32_t choice = 0;
+    const struct evhttp_uri *u = evhttp_request_get_evhttp_uri(req);
+    const char *q = u ? evhttp_uri_get_query(u) : NULL;
+    if (q && !strncmp(q, "choice=", 7)) {
+        char *end;
+        unsigned long v = strtoul(q + 7, &end, 10);
+        if (*end || end == q + 7 || v > UINT32_MAX) {
+            send_error_msg(req, 400, "invalid_request_error", "choice", NULL,
+                           "choice must be a non-negative integer");
+            return;
+        }
+        choice = (uint32_t)v;
+    }
+    observe_record_t *rec = strlen(id) < 48 ? observe_ring_find(&srv->records, id, choice) : NULL;
+    if (!rec) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "no record of request '%.60s' (choice %u): unknown, still "
+                                   "running, or older than the last %d requests",
+                 id, choice, RECORD_RING);
+        send_error_msg(req, 404, "invalid_request_error", NULL, "not_found", msg);
+        return;
+    }
+    send_json_obj(req, 200, observe_record_json(rec));
+}
+
+/* GET /v1/serving_config: the configuration the fingerprint is made of. */
+static void handle_serving_config(router_server_t *srv, struct evhttp_request *req) {
+    if (!check_auth(srv, req))
+        return;
+    json_t *o = srv->serving_config ? json_deep_copy(srv->serving_config) : json_object();
+    if (o)
+        json_object_set_new(o, "system_fingerprint", json_string(srv->fingerprint));
+    send_json_obj(req, 200, o);
+}
+
 static void on_http(struct evhttp_request *req, void *arg) {
     router_server_t *srv = arg;
     const char *uri = evhttp_request_get_uri(req);
@@ -1523,6 +1866,10 @@ static void on_http(struct evhttp_request *req, void *arg) {
         handle_health(srv, req);
     else if (!strcmp(path, "/metrics") && get)
         handle_metrics(srv, req);
+    else if (!strncmp(path, "/v1/requests/", 13) && get)
+        handle_request_record(srv, req, path + 13);
+    else if (!strcmp(path, "/v1/serving_config") && get)
+        handle_serving_config(srv, req);
     else if (!strcmp(path, "/tokenize") && post)
         handle_tokenize(srv, req, false);
     else if (!strcmp(path, "/detokenize") && post)
@@ -1530,7 +1877,8 @@ static void on_http(struct evhttp_request *req, void *arg) {
     else if (!strcmp(path, "/v1/chat/completions") || !strcmp(path, "/v1/completions") ||
              !strcmp(path, "/v1/models") || !strcmp(path, "/health") ||
              !strcmp(path, "/metrics") || !strcmp(path, "/tokenize") ||
-             !strcmp(path, "/detokenize"))
+             !strcmp(path, "/detokenize") || !strcmp(path, "/v1/serving_config") ||
+             !strncmp(path, "/v1/requests/", 13))
         send_error_msg(req, 405, "invalid_request_error", NULL, "method_not_allowed",
                        "method not allowed on this path");
     else {
@@ -1624,6 +1972,9 @@ baton_status_t router_server_init(const router_config_t *cfg, struct event_base 
                       (uint32_t)tokenizer_n_vocab(srv->tok));
     route_state_init(&srv->route, &cfg->route);
     router_metrics_init(&srv->metrics);
+    if ((st = observe_ring_init(&srv->records, RECORD_RING)) != BATON_OK)
+        goto fail;
+    serving_config_refresh(srv);
     if ((st = radix_index_init(&srv->index)) != BATON_OK)
         goto fail;
     srv->zctx = zmq_ctx_new();
@@ -1748,6 +2099,9 @@ void router_server_free(router_server_t *srv) {
         free(srv->api_keys[i]);
     free(srv->api_keys);
     radix_index_free(srv->index);
+    observe_ring_free(&srv->records);
+    observe_tenants_free(&srv->tenants);
+    json_decref(srv->serving_config);
     chat_template_free(srv->chat);
     tokenizer_free(srv->tok);
     free(srv);

@@ -82,6 +82,12 @@ baton_status_t worker_table_register(worker_table_t *t, const proto_worker_regis
     memcpy(e->model_sha256, reg->model_sha256, sizeof(e->model_sha256));
     e->vocab_size = reg->vocab_size;
     e->kv = reg->kv;
+    e->max_batch_tokens = reg->max_batch_tokens;
+    e->max_batch = reg->max_batch;
+    snprintf(e->cpu_model, sizeof(e->cpu_model), "%s", reg->cpu_model ? reg->cpu_model : "");
+    snprintf(e->backend, sizeof(e->backend), "%s", reg->backend ? reg->backend : "");
+    snprintf(e->compute_dtype, sizeof(e->compute_dtype), "%s",
+             reg->compute_dtype ? reg->compute_dtype : "");
     e->last_seen_ms = now_ms;
     *slot_out = e->slot;
     *new_epoch_out = new_epoch;

@@ -33,6 +33,11 @@ typedef struct worker_entry {
     uint8_t model_sha256[PROTO_SHA256_BYTES];
     uint32_t vocab_size;
     proto_kv_geometry_t kv;
+    /* serving configuration from WorkerRegister (optional fields; 0 / "") */
+    uint32_t max_batch_tokens, max_batch;
+    char cpu_model[128];
+    char backend[16];
+    char compute_dtype[16];
     uint64_t registered_ms, last_seen_ms;   /* monotonic ms */
     bool has_heartbeat;
     proto_worker_heartbeat_t hb;            /* last heartbeat */
