@@ -29,6 +29,8 @@ import xxhash
 import zmq
 
 V = 1
+FAKE_PREFILL_DEVICE_US = 7000          # reported per request (PrefillDone, RequestFinished)
+FAKE_DECODE_DEVICE_US_PER_TOKEN = 1500  # x completion tokens (RequestFinished)
 HITS = {}  # request id -> prefix-cache hit (tokens) measured by the fake prefill
 
 
@@ -92,9 +94,13 @@ class Worker:
             "ucx_address": b"",
             "pool": {"regions": [], "n_blocks": self.total_blocks, "block_bytes": 0},
             "kv_events_endpoint": self.pub_ep,
+            # serving configuration (issue 6, optional fields)
+            "max_batch_tokens": 512, "max_batch": 64, "cpu_model": "fake-cpu",
+            "backend": "fake", "compute_dtype": "f32",
         })
 
     def heartbeat(self):
+        self.n_heartbeats = getattr(self, "n_heartbeats", 0) + 1
         used = sum(self.used.values())
         self.send({
             "type": "worker_heartbeat", "worker_id": self.id, "role": self.role,
@@ -103,6 +109,9 @@ class Worker:
             "free_blocks": self.total_blocks - used, "total_blocks": self.total_blocks,
             "batch_occupancy": 0.0, "used_blocks": used,
             "cache_hit_blocks": self.hit_blocks, "cache_lookup_blocks": self.lookup_blocks,
+            # canned busy time: +250 ms per 500 ms heartbeat -> utilisation about 0.5
+            "busy_us": self.n_heartbeats * 250000, "steps": self.n_heartbeats,
+            "idle_gaps": 3, "idle_gap_us": 3000, "idle_gap_max_us": 2000,
         })
 
     def publish(self, tokens):
@@ -163,7 +172,10 @@ class Worker:
                    "cached_tokens": HITS.pop(rid, 0),
                    "timings": {"queue_us": 10, "prefill_us": self.args.prefill_ms * 1000,
                                "transfer_us": 5, "transfer_bytes": 1024,
-                               "decode_us": n_out * self.args.token_ms * 1000}})
+                               "decode_us": n_out * self.args.token_ms * 1000},
+                   # canned device time (issue 6): the test checks these exact values
+                   "prefill_device_us": FAKE_PREFILL_DEVICE_US,
+                   "decode_device_us": n_out * FAKE_DECODE_DEVICE_US_PER_TOKEN})
 
     def step(self):
         t = time.time()
@@ -187,7 +199,7 @@ class Worker:
                        "status": 0, "error": "", "first_token": m["token_ids"][0],
                        "first_logprob": -0.5, "n_blocks_written": 1, "bytes_written": 1024,
                        "queue_us": 10, "compute_us": self.args.prefill_ms * 1000,
-                       "transfer_us": 5})
+                       "transfer_us": 5, "device_us": FAKE_PREFILL_DEVICE_US})
         self.prefills = keep
         entries = []
         for rid, st in list(self.decoding.items()):

@@ -371,6 +371,138 @@ def test_routing(args):
         check(all(v in (0, -15) for v in codes.values()), "routing cluster: clean exit %s" % codes)
 
 
+def sse_objs(c, path, body):
+    """All JSON objects of an SSE response, in order."""
+    code, raw = http("POST", c.base + path, body, timeout=120)
+    assert code == 200, (code, raw[:300])
+    out = []
+    for ev in raw.split(b"\n\n"):
+        ev = ev.strip()
+        if ev.startswith(b"data: ") and ev != b"data: [DONE]":
+            out.append(json.loads(ev[6:]))
+    return out
+
+
+def check_record(rec, what, resp_id, prompt_tokens, completion_tokens, cached, fake):
+    """One stage record (issue 6): shape, stage sum, counts, device time."""
+    check(rec is not None and rec.get("request_id") == resp_id,
+          "%s: baton record of %s (%s)" % (what, resp_id, rec and rec.get("request_id")))
+    if not rec:
+        return
+    st = rec["stages_ms"]
+    s = sum(st[k] for k in ("queue", "prefill", "transfer", "decode"))
+    check(rec["complete"] and abs(s - rec["e2e_ms"]) <= 0.05 * rec["e2e_ms"] + 0.01,
+          "%s: stages %s add up to e2e %.3f ms" % (what, st, rec["e2e_ms"]))
+    check(min(st.values()) >= 0, "%s: no negative stage" % what)
+    pc = rec["prefix_cache"]
+    check(pc["prompt_tokens"] == prompt_tokens and pc["cached_tokens"] == cached
+          and rec["completion_tokens"] == completion_tokens,
+          "%s: record counts %s / %d == usage %d, %d cached / %d" %
+          (what, pc, rec["completion_tokens"], prompt_tokens, cached, completion_tokens))
+    dv = rec["device_seconds"]
+    if fake:  # fake_worker.py reports canned device time
+        want = (0.007, 0.0015 * completion_tokens)
+        check(abs(dv["prefill"] - want[0]) < 1e-9 and abs(dv["decode"] - want[1]) < 1e-9,
+              "%s: device seconds %s == the workers' %s" % (what, dv, want))
+    else:
+        check(dv["prefill"] > 0 and dv["decode"] > 0,
+              "%s: device seconds measured by the workers %s" % (what, dv))
+
+
+def test_observe(c, args):
+    """issue 6: stage records, system_fingerprint, /v1/serving_config, tenant
+    sums on /metrics, worker utilisation."""
+    fake = args.workers == "fake"
+    tenant = "observe-%d" % os.getpid()
+    m = c.model_id
+    n_tok = 5
+    recs = []
+    # non-streamed
+    code, raw = http("POST", c.base + "/v1/completions",
+                     {"model": m, "prompt": "The capital of France is", "max_tokens": n_tok,
+                      "temperature": 0, "ignore_eos": True, "user": tenant}, timeout=120)
+    check(code == 200, "observe: completion answered (%d)" % code)
+    r = json.loads(raw)
+    fp = r.get("system_fingerprint")
+    check(isinstance(fp, str) and fp.startswith("fp_") and len(fp) == 13,
+          "observe: system_fingerprint %r" % (fp,))
+    u = r["usage"]
+    cached = u.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    check_record(r.get("baton"), "non-streamed", r["id"], u["prompt_tokens"],
+                 u["completion_tokens"], cached, fake)
+    recs.append(r.get("baton"))
+    # the same record at GET /v1/requests/{id}
+    code, raw = http("GET", c.base + "/v1/requests/" + r["id"])
+    got = json.loads(raw) if code == 200 else None
+    check(code == 200 and got == r.get("baton"),
+          "observe: GET /v1/requests/{id} returns the response's record (%d)" % code)
+    code, _ = http("GET", c.base + "/v1/requests/cmpl-00000000000000000000000000000000")
+    check(code == 404, "observe: unknown request id -> 404 (%d)" % code)
+    # streamed with usage: the usage chunk carries the record
+    objs = sse_objs(c, "/v1/chat/completions",
+                    {"model": m, "messages": chat_msgs("Name a colour."), "max_tokens": n_tok,
+                     "temperature": 0, "ignore_eos": True, "user": tenant, "stream": True,
+                     "stream_options": {"include_usage": True}})
+    last = objs[-1]
+    check(last["choices"] == [] and "usage" in last, "observe: stream ends with the usage chunk")
+    check(all(o.get("system_fingerprint") == fp for o in objs),
+          "observe: every chunk carries the same system_fingerprint")
+    check(all("baton" not in o for o in objs[:-1]), "observe: only the last chunk has the record")
+    lu = last["usage"]
+    check_record(last.get("baton"), "stream+usage", last["id"], lu["prompt_tokens"],
+                 lu["completion_tokens"], lu.get("prompt_tokens_details", {}).get("cached_tokens", 0),
+                 fake)
+    recs.append(last.get("baton"))
+    # streamed without usage: the last content chunk carries it
+    objs = sse_objs(c, "/v1/completions",
+                    {"model": m, "prompt": "One, two, three,", "max_tokens": n_tok,
+                     "temperature": 0, "ignore_eos": True, "user": tenant, "stream": True})
+    last = objs[-1]
+    check(last["choices"] and last["choices"][0]["finish_reason"] == "length",
+          "observe: stream without usage ends with the finish chunk")
+    rec = last.get("baton")
+    check(rec is not None and rec["completion_tokens"] == n_tok and rec["complete"],
+          "observe: the finish chunk carries the record")
+    recs.append(rec)
+    # serving configuration
+    code, raw = http("GET", c.base + "/v1/serving_config")
+    sc = json.loads(raw) if code == 200 else {}
+    check(code == 200 and sc.get("system_fingerprint") == fp,
+          "observe: /v1/serving_config fingerprint == responses' (%s)" % sc.get("system_fingerprint"))
+    ws = sc.get("workers", [])
+    check(sc.get("version") and sc.get("policy") and sc.get("block_size") == 16 and
+          "sampling_defaults" in sc and sum(w["count"] for w in ws) == (1 if args.colocated else 2),
+          "observe: serving_config has version, policy, block size, sampling defaults, workers")
+    check(all(w.get("backend") and w.get("compute_dtype") and w.get("cpu_model") and
+              len(w.get("model_sha256", "")) == 64 for w in ws),
+          "observe: each worker's backend, dtype, CPU model and model sha256 %s" % ws)
+    if fake:
+        check(all(w["cpu_model"] == "fake-cpu" for w in ws), "observe: CPU model from registration")
+    # tenant sums (a fresh tenant: totals == this test's requests)
+    time.sleep(0.3)
+    code, raw = http("GET", c.base + "/metrics")
+    mt = parse_metrics(raw.decode())
+    lab = '{tenant="%s"}' % tenant
+    recs = [x for x in recs if x]
+    dev = sum(x["device_seconds"]["prefill"] + x["device_seconds"]["decode"] for x in recs)
+    check(mt.get("baton_router_tenant_requests_total" + lab) == 3,
+          "observe: tenant requests_total == 3 (%s)" % mt.get("baton_router_tenant_requests_total" + lab))
+    check(mt.get("baton_router_tenant_prompt_tokens_total" + lab) == sum(x["prefix_cache"]["prompt_tokens"] for x in recs)
+          and mt.get("baton_router_tenant_completion_tokens_total" + lab) == 3 * n_tok,
+          "observe: tenant prompt/completion token sums")
+    check(abs(mt.get("baton_router_tenant_device_seconds_total" + lab, -1) - dev) < 1e-5,
+          "observe: tenant device seconds %s == records' sum %.6f" %
+          (mt.get("baton_router_tenant_device_seconds_total" + lab), dev))
+    util = {k: v for k, v in mt.items() if k.startswith("baton_worker_utilization{")}
+    check(len(util) == (1 if args.colocated else 2) and all(0.0 <= v <= 1.0 for v in util.values()),
+          "observe: per-worker utilisation in [0, 1] %s" % util)
+    if fake:  # 250 ms busy per ~500 ms heartbeat
+        check(all(0.3 <= v <= 0.6 for v in util.values()), "observe: fake utilisation about 0.5")
+        gaps = {k: v for k, v in mt.items() if k.startswith("baton_worker_idle_gap_seconds_count{")}
+        check(len(gaps) == 2 and all(v == 3 for v in gaps.values()),
+              "observe: idle gaps from the heartbeats %s" % gaps)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
@@ -393,7 +525,7 @@ def main():
     try:
         c.start()
         for name, fn in (("openai", test_openai), ("errors", test_errors),
-                         ("utf8", test_utf8), ("cancel", test_cancel)):
+                         ("utf8", test_utf8), ("cancel", test_cancel), ("observe", test_observe)):
             if name not in skip:
                 fn(c, args)
         codes = c.stop()
