@@ -4,6 +4,8 @@
 if(TARGET baton_router)
   baton_add_test(NAME test_router SOURCES unit/test_router.c
     LIBS baton_router LABELS unit TIMEOUT 60)
+  baton_add_test(NAME test_router_observe SOURCES unit/test_router_observe.c
+    LIBS baton_router LABELS unit TIMEOUT 60)
 
   set(BATON_ROUTER_PY ${CMAKE_SOURCE_DIR}/.venv/bin/python)
   # Against the fake worker pair (proto-exact, canned tokens): wiring, errors,
