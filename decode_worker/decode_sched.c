@@ -70,6 +70,13 @@ struct decode_sched {
     bool work_left;           /* sequences were running after the last step */
 };
 
+/* model_forward_layers hook: hands each finished layer to hooks.layer_done. */
+static void on_layer_done(void *arg, int32_t layer) {
+    decode_sched_t *s = arg;
+    (void)layer;
+    if (s->hooks.layer_done) s->hooks.layer_done(s->hooks.arg);
+}
+
 static uint64_t now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -547,7 +554,7 @@ static baton_status_t recompute(decode_sched_t *s, seq_t *q) {
                           .logits = MODEL_LOGITS_NONE};
         model_batch_t b = {.seqs = &ms, .n_seqs = 1};
         uint64_t t_fwd = now_us();
-        st = model_forward(s->model, &s->kv, &b, s->logits);
+        st = model_forward_layers(s->model, &s->kv, &b, s->logits, on_layer_done, s);
         q->device_us += now_us() - t_fwd; /* a recompute is this sequence's alone */
         pos += c;
     }
@@ -665,7 +672,7 @@ baton_status_t decode_sched_step(decode_sched_t *s, int32_t *n_seqs_out) {
         }
         model_batch_t b = {.seqs = s->mseqs, .n_seqs = n_fwd};
         uint64_t t_fwd = now_us();
-        fwd_st = model_forward(s->model, &s->kv, &b, s->logits);
+        fwd_st = model_forward_layers(s->model, &s->kv, &b, s->logits, on_layer_done, s);
         /* device time: one token per sequence, so equal shares (DESIGN
          * "Observability and cost": in proportion to tokens in the step) */
         uint64_t share = (now_us() - t_fwd) / (uint64_t)n_fwd;

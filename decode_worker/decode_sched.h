@@ -180,6 +180,12 @@ typedef struct decode_sched_hooks {
     /* A request left (blocks already released). Valid during the call.
      * Required. */
     void (*finished)(void *arg, const decode_sched_result_t *res);
+    /* Called after every layer of every forward the scheduler runs. Optional.
+     * The decode worker progresses its UCX worker here: over transports
+     * without hardware RDMA (TCP) an incoming put needs the target to
+     * progress, and a whole forward step between progress calls would stall
+     * the prefill workers' KV transfers. Must not call into the scheduler. */
+    void (*layer_done)(void *arg);
 } decode_sched_hooks_t;
 
 /* Load figures for heartbeats and metrics. */

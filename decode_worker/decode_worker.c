@@ -287,6 +287,15 @@ static void on_token_chunk(void *arg, uint64_t step_id, const decode_sched_entry
     send_router(w, &m);
 }
 
+/* After each layer of a forward step: serve incoming KV puts (TCP emulates
+ * RMA with active messages that need this side's progress), so a prefill
+ * worker's transfer is not held up by a whole decode step. The decode side
+ * starts no transfers, so no transfer callback can run in here. */
+static void on_layer_done(void *arg) {
+    worker_t *w = arg;
+    kv_transfer_engine_progress(w->xeng);
+}
+
 static void on_finished(void *arg, const decode_sched_result_t *r) {
     worker_t *w = arg;
     req_ctx_t *ctx = r->user;
@@ -727,7 +736,7 @@ baton_status_t decode_worker_run(const decode_worker_config_t *cfg) {
     sc.eog_ids = eog;
     sc.n_eog_ids = n_eog;
     decode_sched_hooks_t hk = {.arg = &w, .reserved = on_reserved, .token_chunk = on_token_chunk,
-                               .finished = on_finished};
+                               .finished = on_finished, .layer_done = on_layer_done};
     if ((st = decode_sched_init(w.model, w.pool, &sc, &hk, &w.sched)) != BATON_OK) goto fail;
     w.ents = calloc((size_t)cfg->max_batch, sizeof(proto_token_entry_t));
     w.ent_tokens = calloc((size_t)cfg->max_batch * 4, sizeof(uint32_t));
