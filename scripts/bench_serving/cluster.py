@@ -37,12 +37,14 @@ class ClusterConfig:
     prefill: int = 1
     decode: int = 1
     colocated: bool = False
+    threads: int = 0  # threads per worker; 0 = the command line's --threads
 
     @staticmethod
     def parse(spec: str) -> "ClusterConfig":
         """'NAME' preset (cache_aware, round_robin, least_loaded, colocated,
         disagg) or 'NAME:key=val,...' with keys policy, prefill, decode,
-        colocated (0/1).  With colocated, prefill is the number of
+        colocated (0/1), threads (per worker, e.g. to give a colocated worker
+        the cores a prefill/decode pair gets).  With colocated, prefill is the number of
         baton-worker --role both processes."""
         name, _, rest = spec.partition(":")
         c = ClusterConfig(name=name)
@@ -57,7 +59,7 @@ class ClusterConfig:
                     raise ValueError(f"config '{spec}': '{kv}' is not key=value")
                 if k == "policy":
                     c.policy = v
-                elif k in ("prefill", "decode"):
+                elif k in ("prefill", "decode", "threads"):
                     if not v.isdigit() or int(v) < 1:
                         raise ValueError(f"config '{spec}': {k} must be an integer >= 1")
                     setattr(c, k, int(v))
@@ -68,8 +70,11 @@ class ClusterConfig:
         return c
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "policy": self.policy, "prefill": self.prefill,
-                "decode": self.decode, "colocated": self.colocated}
+        d = {"name": self.name, "policy": self.policy, "prefill": self.prefill,
+             "decode": self.decode, "colocated": self.colocated}
+        if self.threads:
+            d["threads"] = self.threads
+        return d
 
 
 def free_port() -> int:
@@ -97,7 +102,7 @@ class Cluster:
         self.model = model
         self.build_dir = build_dir
         self.launcher = launcher
-        self.threads = threads
+        self.threads = cfg.threads or threads
         self.kv_blocks = kv_blocks
         self.hash_seed = hash_seed
         self.source_dir = source_dir or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -177,6 +177,20 @@ class ClientReportTest(unittest.TestCase):
         self.assertEqual(len(results), 1)
         self.assertTrue(results[0].ok)
 
+    def test_cluster_config_threads(self):
+        from bench_serving import cluster
+        c = cluster.ClusterConfig.parse("colocated:threads=2")
+        self.assertTrue(c.colocated)
+        self.assertEqual(c.threads, 2)
+        self.assertEqual(c.as_dict()["threads"], 2)
+        self.assertNotIn("threads", cluster.ClusterConfig.parse("disagg").as_dict())
+        cl = cluster.Cluster(c, "model.gguf", None, threads=1)
+        self.assertEqual(cl.threads, 2)  # the configuration's own count wins
+        self.assertEqual(cluster.Cluster(cluster.ClusterConfig.parse("disagg"), "m", None,
+                                         threads=1).threads, 1)
+        with self.assertRaises(ValueError):
+            cluster.ClusterConfig.parse("colocated:threads=0")
+
     def test_connection_refused(self):
         reqs = workloads.random_workload(1, 4, 2, 49152)
         cfg = client.RunConfig(base="http://127.0.0.1:9", model="m", concurrency=1, progress=False)
