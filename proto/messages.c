@@ -149,6 +149,14 @@ static const field_t pool_desc_fields[] = {
 static const schema_t pool_desc_schema = {"pool", sizeof(proto_pool_desc_t), pool_desc_fields,
                                           NF(pool_desc_fields), NULL};
 
+static const field_t logit_bias_fields[] = {
+    {.key = "t", .kind = F_U32, .off = OFF(proto_logit_bias_t, token), .vocab = true,
+     .lo = 0, .hi = UINT32_MAX},
+    F32(proto_logit_bias_t, bias, "b", -100.0, 100.0, false),
+};
+static const schema_t logit_bias_schema = {"logit bias", sizeof(proto_logit_bias_t),
+                                           logit_bias_fields, NF(logit_bias_fields), NULL};
+
 static baton_status_t sampling_check(const void *obj, const proto_limits_t *limits) {
     const proto_sampling_t *s = obj;
     if (s->top_k > limits->vocab_size)
@@ -174,6 +182,9 @@ static const field_t sampling_fields[] = {
     BOOL(proto_sampling_t, logprobs, "logprobs"),
     U32(proto_sampling_t, top_logprobs, "top_logprobs", 0, PROTO_MAX_TOP_LOGPROBS),
     BOOL(proto_sampling_t, ignore_eos, "ignore_eos"),
+    {.key = "logit_bias", .kind = F_MAPS, .off = OFF(proto_sampling_t, logit_bias),
+     .off_n = OFF(proto_sampling_t, n_logit_bias), .optional = true, .omit_empty = true,
+     .sub = &logit_bias_schema, .lim = LIM_CONST, .max_n = PROTO_MAX_LOGIT_BIAS},
 };
 static const schema_t sampling_schema = {"sampling", sizeof(proto_sampling_t), sampling_fields,
                                          NF(sampling_fields), sampling_check};
@@ -590,7 +601,8 @@ static bool field_omitted(const field_t *f, const void *obj) {
         const char *str = ptr_at(obj, f->off);
         return !str || !*str;
     }
-    case F_BIN: return count_at(obj, f->off_n) == 0;
+    case F_BIN:
+    case F_MAPS: return count_at(obj, f->off_n) == 0;
     default: return false;
     }
 }

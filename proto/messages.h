@@ -41,6 +41,7 @@
 #define PROTO_SHA256_BYTES 32     /* model file hash */
 #define PROTO_MAX_TOP_LOGPROBS 20 /* OpenAI's top_logprobs bound */
 #define PROTO_MAX_STOP_TOKENS 64  /* stop token ids per request */
+#define PROTO_MAX_LOGIT_BIAS 300  /* logit_bias entries per request (OpenAI's bound) */
 #define PROTO_MAX_POOL_REGIONS 4096 /* memory regions per pool descriptor */
 
 typedef enum proto_msg_type {
@@ -133,6 +134,12 @@ typedef struct proto_pool_desc {
                                      layer's K (or V), kernels/backend.h */
 } proto_pool_desc_t;
 
+/* One OpenAI logit_bias entry: l[token] += bias before sampling. */
+typedef struct proto_logit_bias {
+    uint32_t token; /* "t", < vocab_size */
+    float bias;     /* "b", -100..100 */
+} proto_logit_bias_t;
+
 /* Sampling parameters (OpenAI/vLLM names and ranges). */
 typedef struct proto_sampling {
     float temperature;        /* "temperature", 0..100 (0 = greedy) */
@@ -149,6 +156,11 @@ typedef struct proto_sampling {
     bool logprobs;            /* "logprobs": return the sampled token's logprob */
     uint32_t top_logprobs;    /* "top_logprobs", 0..PROTO_MAX_TOP_LOGPROBS */
     bool ignore_eos;          /* "ignore_eos" */
+    proto_logit_bias_t *logit_bias; /* "logit_bias" (optional array of maps, left out when
+                                       empty), 0..PROTO_MAX_LOGIT_BIAS entries; a token
+                                       listed twice: the decoder keeps both, a sampler
+                                       adds both */
+    uint32_t n_logit_bias;
 } proto_sampling_t;
 
 /* Per-stage timings of one request, microseconds. */

@@ -95,6 +95,12 @@ static void fill_sampling(proto_sampling_t *s) {
     s->logprobs = rnd() & 1;
     s->top_logprobs = rnd_below(PROTO_MAX_TOP_LOGPROBS + 1);
     s->ignore_eos = rnd() & 1;
+    s->n_logit_bias = rnd_count(0, 4);
+    s->logit_bias = alloc(s->n_logit_bias * sizeof(*s->logit_bias));
+    for (uint32_t i = 0; i < s->n_logit_bias; i++) {
+        s->logit_bias[i].token = rnd_below(lim.vocab_size);
+        s->logit_bias[i].bias = rnd_float(-100, 100);
+    }
 }
 
 static proto_token_logprob_t *rnd_top(uint32_t n) {
@@ -292,7 +298,13 @@ static bool eq_pool(const proto_pool_desc_t *a, const proto_pool_desc_t *b) {
 static bool eq_sampling(const proto_sampling_t *a, const proto_sampling_t *b) {
     EQ(temperature) EQ(top_p) EQ(top_k) EQ(min_p) EQ(repetition_penalty) EQ(presence_penalty)
     EQ(frequency_penalty) EQ(seed) EQ(max_tokens) EQA(stop_token_ids, n_stop_token_ids)
-    EQ(logprobs) EQ(top_logprobs) EQ(ignore_eos)
+    EQ(logprobs) EQ(top_logprobs) EQ(ignore_eos) EQ(n_logit_bias)
+    for (uint32_t i = 0; i < a->n_logit_bias; i++)
+        if (a->logit_bias[i].token != b->logit_bias[i].token ||
+            a->logit_bias[i].bias != b->logit_bias[i].bias) {
+            fprintf(stderr, "  field logit_bias[%u] differs\n", i);
+            return false;
+        }
     return true;
 }
 static bool eq_top(const proto_token_logprob_t *a, const proto_token_logprob_t *b, uint32_t n) {
@@ -587,7 +599,7 @@ static msgpack_sbuffer *v_bins(uint32_t n, size_t len) {
 /* Keys that may be absent (proto/messages.h), by parent key. */
 static bool optional_key(proto_msg_type_t type, const char *parent, const char *key) {
     if (!strcmp(key, "error") || !strcmp(key, "p")) return true;
-    if (!strcmp(parent, "sampling")) return false;
+    if (!strcmp(parent, "sampling")) return !strcmp(key, "logit_bias"); /* OpenAI logit_bias */
     /* optional additions of cluster.md (prefill/decode/router wiring) */
     static const char *const added[] = {"kv_events_endpoint", "used_blocks", "cache_hit_blocks",
                                         "cache_lookup_blocks", "preemptions", "busy_us", "steps",
@@ -796,6 +808,39 @@ static msgpack_sbuffer *mk_tokens_str(void) {
     msgpack_pack_str_with_body(&vpk, "2", 1);
     return &vbuf;
 }
+/* logit_bias arrays: n entries {"t": token, "b": bias}, or one with "t" a string */
+static msgpack_sbuffer *v_bias(uint32_t n, uint64_t token, double bias) {
+    v_begin();
+    msgpack_pack_array(&vpk, n);
+    for (uint32_t i = 0; i < n; i++) {
+        msgpack_pack_map(&vpk, 2);
+        msgpack_pack_str_with_body(&vpk, "t", 1);
+        msgpack_pack_uint64(&vpk, token);
+        msgpack_pack_str_with_body(&vpk, "b", 1);
+        msgpack_pack_double(&vpk, bias);
+    }
+    return &vbuf;
+}
+MK(mk_bias_max, v_bias(PROTO_MAX_LOGIT_BIAS, 7, -100.0))
+MK(mk_bias_long, v_bias(PROTO_MAX_LOGIT_BIAS + 1, 7, 1.0))
+MK(mk_bias_vocab, v_bias(1, 1000, 1.0))
+MK(mk_bias_vocab1, v_bias(1, 999, 100.0))
+MK(mk_bias_big, v_bias(1, 5, 100.5))
+MK(mk_bias_small, v_bias(1, 5, -100.5))
+MK(mk_bias_nan, v_bias(1, 5, NAN))
+MK(mk_bias_empty, v_bias(0, 0, 0))
+MK(mk_100_5, v_dbl(100.5))
+static msgpack_sbuffer *mk_bias_tstr(void) {
+    v_begin();
+    msgpack_pack_array(&vpk, 1);
+    msgpack_pack_map(&vpk, 2);
+    msgpack_pack_str_with_body(&vpk, "t", 1);
+    msgpack_pack_str_with_body(&vpk, "5", 1);
+    msgpack_pack_str_with_body(&vpk, "b", 1);
+    msgpack_pack_double(&vpk, 1.0);
+    return &vbuf;
+}
+static msgpack_sbuffer *mk_bias_notmap(void) { return v_uints(2, 5); }
 static msgpack_sbuffer *mk_lp_str(void) {
     v_begin();
     msgpack_pack_array(&vpk, 1);
@@ -858,6 +903,24 @@ static const range_case_t range_cases[] = {
     {PROTO_MSG_PREFILL_REQUEST, {"sampling", "stop_token_ids"}, mk_tokens_vocab, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_PREFILL_REQUEST, {"sampling", "top_logprobs"}, mk_21, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_PREFILL_REQUEST, {"sampling", "seed"}, mk_neg1, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_max, BATON_OK},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_empty, BATON_OK},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_long, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_vocab, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_vocab1, BATON_OK},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_big, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_small, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_nan, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_tstr, BATON_ERR_FORMAT},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_bias_notmap, BATON_ERR_FORMAT},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias"}, mk_lp_str, BATON_ERR_FORMAT},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias", "0", "t"}, mk_vocab, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias", "0", "t"}, mk_neg1, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias", "0", "b"}, mk_100_5, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias", "0", "b"}, mk_float_int, BATON_OK},
+    {PROTO_MSG_PREFILL_REQUEST, {"sampling", "logit_bias", "0", "b"}, mk_lp_str, BATON_ERR_FORMAT},
+    {PROTO_MSG_DECODE_REQUEST, {"sampling", "logit_bias", "0", "t"}, mk_vocab, BATON_ERR_OUT_OF_RANGE},
+    {PROTO_MSG_DECODE_REQUEST, {"sampling", "logit_bias"}, mk_bias_long, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_DECODE_REQUEST, {"n_prompt_tokens"}, mk_zero, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_DECODE_REQUEST, {"n_prompt_tokens"}, mk_1025, BATON_ERR_OUT_OF_RANGE},
     {PROTO_MSG_DECODE_REQUEST, {"n_blocks"}, mk_zero, BATON_ERR_OUT_OF_RANGE},
@@ -922,6 +985,71 @@ static void test_ranges(void) {
         arena_reset();
     }
     fprintf(stderr, "ranges: %d cases\n", n);
+}
+
+/* An empty logit_bias is left out, so a request without one encodes to the
+ * same bytes as before the field existed (and older decoders see no new
+ * key); a non-empty one adds the key. */
+static bool has_bytes(const msgpack_sbuffer *sb, const char *needle) {
+    size_t n = strlen(needle);
+    for (size_t i = 0; i + n <= sb->size; i++)
+        if (!memcmp(sb->data + i, needle, n)) return true;
+    return false;
+}
+
+static void test_logit_bias_omitted(void) {
+    for (int t = PROTO_MSG_PREFILL_REQUEST; t <= PROTO_MSG_DECODE_REQUEST; t++) {
+        proto_msg_t in;
+        fill_msg((proto_msg_type_t)t, &in);
+        proto_sampling_t *s = t == PROTO_MSG_PREFILL_REQUEST ? &in.u.prefill_request.sampling
+                                                             : &in.u.decode_request.sampling;
+        s->n_logit_bias = 0;
+        s->logit_bias = NULL;
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        CHECK_OK(proto_encode(&in, &sb));
+        CHECK(!has_bytes(&sb, "logit_bias"));
+        /* the sampling map has exactly the 13 keys of the first schema */
+        msgpack_unpacked up;
+        msgpack_unpacked_init(&up);
+        size_t off = 0;
+        CHECK(msgpack_unpack_next(&up, sb.data, sb.size, &off) == MSGPACK_UNPACK_SUCCESS);
+        const msgpack_object *samp = NULL;
+        for (uint32_t i = 0; i < up.data.via.map.size; i++)
+            if (up.data.via.map.ptr[i].key.via.str.size == 8 &&
+                !memcmp(up.data.via.map.ptr[i].key.via.str.ptr, "sampling", 8))
+                samp = &up.data.via.map.ptr[i].val;
+        CHECK(samp && samp->type == MSGPACK_OBJECT_MAP && samp->via.map.size == 13);
+        msgpack_unpacked_destroy(&up);
+        proto_msg_t out;
+        CHECK_OK(proto_decode(sb.data, sb.size, &lim, &out));
+        const proto_sampling_t *o = t == PROTO_MSG_PREFILL_REQUEST ? &out.u.prefill_request.sampling
+                                                                  : &out.u.decode_request.sampling;
+        CHECK_EQ_INT(o->n_logit_bias, 0);
+        CHECK(o->logit_bias == NULL);
+        proto_msg_free(&out);
+        msgpack_sbuffer_destroy(&sb);
+
+        proto_logit_bias_t lb[2] = {{999, 100.0f}, {0, -100.0f}};
+        s->logit_bias = lb;
+        s->n_logit_bias = 2;
+        msgpack_sbuffer_init(&sb);
+        CHECK_OK(proto_encode(&in, &sb));
+        CHECK(has_bytes(&sb, "logit_bias"));
+        CHECK_OK(proto_decode(sb.data, sb.size, &lim, &out));
+        o = t == PROTO_MSG_PREFILL_REQUEST ? &out.u.prefill_request.sampling
+                                           : &out.u.decode_request.sampling;
+        CHECK_EQ_INT(o->n_logit_bias, 2);
+        if (o->n_logit_bias == 2) {
+            CHECK_EQ_INT(o->logit_bias[0].token, 999);
+            CHECK(o->logit_bias[0].bias == 100.0f);
+            CHECK_EQ_INT(o->logit_bias[1].token, 0);
+            CHECK(o->logit_bias[1].bias == -100.0f);
+        }
+        proto_msg_free(&out);
+        msgpack_sbuffer_destroy(&sb);
+        arena_reset();
+    }
 }
 
 /* Hostile framing that must be refused before any large allocation. */
@@ -1017,6 +1145,7 @@ int main(int argc, char **argv) {
     test_typed_encoders();
     test_every_field();
     test_ranges();
+    test_logit_bias_omitted();
     test_hostile();
     test_stats();
     msgpack_sbuffer_destroy(&vbuf);
