@@ -274,12 +274,18 @@ static void endpoint_bind_form(const char *in, char *out, size_t n) {
         snprintf(out, n, "%s", in);
 }
 
-/* proto_sampling_t -> sampling_params_t; stop ids copied into stop_buf. */
+/* proto_sampling_t -> sampling_params_t; stop ids copied into stop_buf,
+ * logit_bias into bias_buf (room for PROTO_MAX_LOGIT_BIAS entries); *out
+ * points into both. */
 static baton_status_t sampling_from_proto(const proto_sampling_t *p, int32_t *stop_buf,
+                                          sampling_logit_bias_t *bias_buf,
                                           sampling_params_t *out) {
     if (p->n_stop_token_ids > SAMPLING_MAX_STOP_IDS)
         return baton_error(BATON_ERR_OUT_OF_RANGE, "%u stop token ids (at most %d)",
                            p->n_stop_token_ids, SAMPLING_MAX_STOP_IDS);
+    if (p->n_logit_bias > PROTO_MAX_LOGIT_BIAS)
+        return baton_error(BATON_ERR_OUT_OF_RANGE, "%u logit_bias entries (at most %d)",
+                           p->n_logit_bias, PROTO_MAX_LOGIT_BIAS);
     sampling_params_t sp = sampling_params_default();
     sp.temperature = p->temperature;
     sp.top_k = (int32_t)p->top_k;
@@ -293,6 +299,10 @@ static baton_status_t sampling_from_proto(const proto_sampling_t *p, int32_t *st
     for (uint32_t i = 0; i < p->n_stop_token_ids; i++) stop_buf[i] = (int32_t)p->stop_token_ids[i];
     sp.stop_ids = stop_buf;
     sp.n_stop_ids = (int32_t)p->n_stop_token_ids;
+    for (uint32_t i = 0; i < p->n_logit_bias; i++)
+        bias_buf[i] = (sampling_logit_bias_t){(int32_t)p->logit_bias[i].token, p->logit_bias[i].bias};
+    sp.logit_bias = bias_buf;
+    sp.n_logit_bias = (int32_t)p->n_logit_bias;
     *out = sp;
     return BATON_OK;
 }
@@ -321,6 +331,7 @@ typedef struct colo_req {
     int32_t n_prompt;
     sampling_params_t dsp; /* decode half's sampling */
     int32_t dstop[SAMPLING_MAX_STOP_IDS];
+    sampling_logit_bias_t dbias[PROTO_MAX_LOGIT_BIAS]; /* decode half's logit_bias */
     int32_t max_tokens;
     bool ignore_eos, logprobs;
     decode_sched_prefill_t pre; /* prefill result for the hand-off */
@@ -573,6 +584,7 @@ static void on_prefill_request(worker_t *w, const proto_prefill_request_t *q) {
     baton_status_t st;
     char why[512];
     int32_t stop[SAMPLING_MAX_STOP_IDS];
+    sampling_logit_bias_t bias[PROTO_MAX_LOGIT_BIAS]; /* copied by sampler_init in submit */
     sampling_params_t sp;
     r->prompt = malloc(q->n_token_ids * sizeof(int32_t));
     if (!r->prompt) {
@@ -581,7 +593,7 @@ static void on_prefill_request(worker_t *w, const proto_prefill_request_t *q) {
     }
     for (uint32_t i = 0; i < q->n_token_ids; i++) r->prompt[i] = (int32_t)q->token_ids[i];
     r->n_prompt = (int32_t)q->n_token_ids;
-    if ((st = sampling_from_proto(&q->sampling, stop, &sp)) != BATON_OK) goto fail;
+    if ((st = sampling_from_proto(&q->sampling, stop, bias, &sp)) != BATON_OK) goto fail;
     prefill_sched_request_t pq = {
         .request_id = id,
         .tokens = r->prompt,
@@ -616,8 +628,9 @@ static void on_decode_request(worker_t *w, const proto_decode_request_t *q) {
                             q->n_prompt_tokens);
         return;
     }
-    if ((st = sampling_from_proto(&q->sampling, r->dstop, &r->dsp)) != BATON_OK) goto fail;
+    if ((st = sampling_from_proto(&q->sampling, r->dstop, r->dbias, &r->dsp)) != BATON_OK) goto fail;
     r->dsp.stop_ids = r->dstop;
+    r->dsp.logit_bias = r->dbias;
     r->max_tokens = (int32_t)q->sampling.max_tokens;
     r->ignore_eos = q->sampling.ignore_eos;
     r->logprobs = q->sampling.logprobs;

@@ -383,6 +383,10 @@ static void handle_decode_request(worker_t *w, const proto_decode_request_t *q) 
         st = BATON_ERR_OUT_OF_RANGE;
         snprintf(err, sizeof(err), "%u stop token ids (this worker takes %d)",
                  q->sampling.n_stop_token_ids, SAMPLING_MAX_STOP_IDS);
+    } else if (q->sampling.n_logit_bias > PROTO_MAX_LOGIT_BIAS) {
+        st = BATON_ERR_OUT_OF_RANGE;
+        snprintf(err, sizeof(err), "%u logit_bias entries (at most %d)", q->sampling.n_logit_bias,
+                 PROTO_MAX_LOGIT_BIAS);
     }
     if (st != BATON_OK) {
         send_finished_error(w, &q->request_id, st, err, q->n_prompt_tokens);
@@ -422,6 +426,12 @@ static void handle_decode_request(worker_t *w, const proto_decode_request_t *q) 
     sp->n_logprobs = (int32_t)q->sampling.top_logprobs;
     sp->stop_ids = stop;
     sp->n_stop_ids = (int32_t)q->sampling.n_stop_token_ids;
+    sampling_logit_bias_t bias[PROTO_MAX_LOGIT_BIAS]; /* copied by sampler_init in submit */
+    for (uint32_t i = 0; i < q->sampling.n_logit_bias; i++)
+        bias[i] = (sampling_logit_bias_t){(int32_t)q->sampling.logit_bias[i].token,
+                                          q->sampling.logit_bias[i].bias};
+    sp->logit_bias = bias;
+    sp->n_logit_bias = (int32_t)q->sampling.n_logit_bias;
     live_add(w, ctx);
     st = decode_sched_submit(w->sched, &r);
     free(prompt);

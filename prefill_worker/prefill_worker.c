@@ -431,8 +431,12 @@ static void handle_prefill_request(worker_t *w, const proto_prefill_request_t *q
         fail_ctx(w, c, BATON_ERR_TIMEOUT, "request deadline passed before prefill", true);
         return;
     }
+    if (q->sampling.n_logit_bias > PROTO_MAX_LOGIT_BIAS) {
+        fail_ctx(w, c, BATON_ERR_OUT_OF_RANGE, "too many logit_bias entries", true);
+        return;
+    }
     int32_t *toks = malloc(sizeof(int32_t) * q->n_token_ids);
-    sampling_logit_bias_t nob;
+    sampling_logit_bias_t bias[PROTO_MAX_LOGIT_BIAS]; /* copied by sampler_init in submit */
     int32_t stop[SAMPLING_MAX_STOP_IDS];
     if (!toks) {
         fail_ctx(w, c, BATON_ERR_NO_MEMORY, "out of memory", true);
@@ -450,8 +454,10 @@ static void handle_prefill_request(worker_t *w, const proto_prefill_request_t *q
     sp.frequency_penalty = ps->frequency_penalty;
     sp.seed = ps->seed;
     sp.n_logprobs = ps->logprobs ? (int32_t)ps->top_logprobs : 0;
-    sp.logit_bias = &nob;
-    sp.n_logit_bias = 0;
+    for (uint32_t i = 0; i < ps->n_logit_bias; i++)
+        bias[i] = (sampling_logit_bias_t){(int32_t)ps->logit_bias[i].token, ps->logit_bias[i].bias};
+    sp.logit_bias = bias;
+    sp.n_logit_bias = (int32_t)ps->n_logit_bias;
     uint32_t ns = ps->n_stop_token_ids < SAMPLING_MAX_STOP_IDS ? ps->n_stop_token_ids
                                                                : SAMPLING_MAX_STOP_IDS;
     for (uint32_t i = 0; i < ns; i++) stop[i] = (int32_t)ps->stop_token_ids[i];
