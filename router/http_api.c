@@ -50,6 +50,7 @@ void http_api_params_free(http_api_params_t *p) {
     free(p->prompts);
     for (size_t i = 0; i < p->n_stop; i++)
         free(p->stop[i]);
+    free(p->logit_bias);
     free(p->user);
     memset(p, 0, sizeof(*p));
 }
@@ -281,11 +282,49 @@ static bool parse_stop(json_t *v, http_api_params_t *p, http_api_error_t *err) {
     return true;
 }
 
+/* OpenAI logit_bias: an object mapping token ids, written as decimal
+ * strings, to numbers in [-100, 100]; at most 300 entries. The vocabulary
+ * bound is checked by the server, which holds the tokenizer. */
+static bool parse_logit_bias(json_t *v, http_api_params_t *p, http_api_error_t *err) {
+    if (!json_is_object(v))
+        BAD("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    size_t n = json_object_size(v);
+    if (n > HTTP_API_MAX_LOGIT_BIAS)
+        BAD("logit_bias", "'logit_bias' has %zu entries; at most %d are allowed", n,
+            HTTP_API_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return true;
+    p->logit_bias = calloc(n, sizeof(*p->logit_bias));
+    if (!p->logit_bias)
+        return oom(err);
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b) {
+        size_t len = strlen(key);
+        bool digits = len > 0 && len <= 10 && (len == 1 || key[0] != '0'); /* one spelling per id */
+        for (size_t i = 0; digits && i < len; i++)
+            digits = key[i] >= '0' && key[i] <= '9';
+        long long id = digits ? strtoll(key, NULL, 10) : -1;
+        if (!digits || id > INT32_MAX)
+            BAD("logit_bias", "'logit_bias' key '%.40s' is not a token id (a non-negative integer)",
+                key);
+        if (!json_is_number(b))
+            BAD("logit_bias", "'logit_bias' value for token %lld must be a number", id);
+        double d = json_number_value(b);
+        if (!isfinite(d) || d < -HTTP_API_MAX_LOGIT_BIAS_ABS || d > HTTP_API_MAX_LOGIT_BIAS_ABS)
+            BAD("logit_bias", "'logit_bias' value %g for token %lld is outside [-100, 100]", d, id);
+        p->logit_bias[p->n_logit_bias].token = (int32_t)id;
+        p->logit_bias[p->n_logit_bias].bias = (float)d;
+        p->n_logit_bias++;
+    }
+    return true;
+}
+
 /* Keys refused with a named 400 because baton does not implement them. */
 static const char *const unsupported_keys[] = {
     "tools", "tool_choice", "functions", "function_call", "response_format", "suffix",
     "best_of", "parallel_tool_calls", "audio", "modalities", "prediction", "service_tier",
-    "reasoning_effort", "web_search_options", "logit_bias", "metadata", "store", NULL};
+    "reasoning_effort", "web_search_options", "metadata", "store", NULL};
 
 static bool parse_fields(json_t *root, http_api_params_t *p, http_api_error_t *err) {
     http_api_kind_t kind = p->kind;
@@ -369,6 +408,9 @@ static bool parse_fields(json_t *root, http_api_params_t *p, http_api_error_t *e
             p->top_logprobs = (uint32_t)x;
         } else if (!strcmp(key, "echo") && kind == HTTP_API_COMPLETIONS) {
             if (!get_bool(v, key, &p->echo, err))
+                return false;
+        } else if (!strcmp(key, "logit_bias")) {
+            if (!parse_logit_bias(v, p, err))
                 return false;
         } else if (!strcmp(key, "ignore_eos")) {
             if (!get_bool(v, key, &p->ignore_eos, err))

@@ -22,6 +22,8 @@
 #define HTTP_API_MAX_N 16         /* choices per request */
 #define HTTP_API_MAX_PROMPTS 64   /* prompts in one completions batch */
 #define HTTP_API_MAX_TOP_LOGPROBS 20
+#define HTTP_API_MAX_LOGIT_BIAS 300 /* OpenAI: up to 300 logit_bias entries */
+#define HTTP_API_MAX_LOGIT_BIAS_ABS 100.0 /* OpenAI: biases in [-100, 100] */
 
 typedef enum http_api_kind {
     HTTP_API_CHAT = 0,        /* /v1/chat/completions */
@@ -43,6 +45,12 @@ typedef struct http_api_message {
     char *content;       /* UTF-8, NUL-terminated, content_len bytes */
     size_t content_len;
 } http_api_message_t;
+
+/* One OpenAI logit_bias entry: the token's logit gets `bias` added. */
+typedef struct http_api_logit_bias {
+    int32_t token;       /* >= 0; checked against the vocabulary by the server */
+    float bias;          /* -100..100 */
+} http_api_logit_bias_t;
 
 /* One completions prompt: text or token ids. */
 typedef struct http_api_prompt {
@@ -77,6 +85,9 @@ typedef struct http_api_params {
     uint32_t top_logprobs;                /* 0..20 alternatives per token */
     bool echo;                            /* completions: prepend the prompt */
     bool ignore_eos;
+    http_api_logit_bias_t *logit_bias;    /* "logit_bias": {"<token id>": bias, ...},
+                                             0..HTTP_API_MAX_LOGIT_BIAS entries */
+    size_t n_logit_bias;
     char *user;                           /* NULL when absent */
     bool stream;
     bool include_usage;                   /* stream_options.include_usage */

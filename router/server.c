@@ -1174,9 +1174,11 @@ static bool tokens_in_vocab(const router_server_t *srv, const int32_t *ids, size
     return true;
 }
 
+/* `bias` has room for PROTO_MAX_LOGIT_BIAS entries; s->logit_bias points
+ * into it (the parser capped the count at HTTP_API_MAX_LOGIT_BIAS). */
 static void fill_sampling(const http_api_params_t *p, const router_server_t *srv, uint32_t index,
                           uint32_t max_tokens, uint32_t *stop_ids, uint32_t n_stop_ids,
-                          proto_sampling_t *s) {
+                          proto_logit_bias_t *bias, proto_sampling_t *s) {
     memset(s, 0, sizeof(*s));
     s->temperature = p->temperature;
     s->top_p = p->top_p;
@@ -1198,6 +1200,12 @@ static void fill_sampling(const http_api_params_t *p, const router_server_t *srv
     s->logprobs = p->logprobs;
     s->top_logprobs = p->top_logprobs;
     s->ignore_eos = p->ignore_eos;
+    for (size_t i = 0; i < p->n_logit_bias && i < PROTO_MAX_LOGIT_BIAS; i++) {
+        bias[i].token = (uint32_t)p->logit_bias[i].token;
+        bias[i].bias = p->logit_bias[i].bias;
+        s->n_logit_bias = (uint32_t)(i + 1);
+    }
+    s->logit_bias = s->n_logit_bias ? bias : NULL;
 }
 
 /* Routes and sends one request to its workers. */
@@ -1223,7 +1231,10 @@ static baton_status_t request_dispatch(router_server_t *srv, call_t *c, request_
     if (c->params.ignore_eos)
         n_stop_ids = 0;
     proto_sampling_t sampling;
-    fill_sampling(&c->params, srv, r->index, r->max_tokens, stop_ids, n_stop_ids, &sampling);
+    proto_logit_bias_t bias[PROTO_MAX_LOGIT_BIAS];
+    _Static_assert(HTTP_API_MAX_LOGIT_BIAS <= PROTO_MAX_LOGIT_BIAS, "logit_bias bounds");
+    fill_sampling(&c->params, srv, r->index, r->max_tokens, stop_ids, n_stop_ids, bias,
+                  &sampling);
     uint64_t deadline = unix_us() + srv->cfg.request_timeout_ms * 1000u;
     uint32_t *ids = (uint32_t *)r->prompt; /* token ids are non-negative int32 */
 
@@ -1414,6 +1425,13 @@ static void handle_generate(router_server_t *srv, struct evhttp_request *req, ht
                            srv->model_name);
         goto reject;
     }
+    for (size_t i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token >= tokenizer_n_vocab(srv->tok)) {
+            http_api_error_set(&err, 400, "invalid_request_error", "logit_bias", NULL,
+                               "'logit_bias' token id %d is outside the vocabulary [0, %d)",
+                               p->logit_bias[i].token, tokenizer_n_vocab(srv->tok));
+            goto reject;
+        }
     size_t n_prompts = kind == HTTP_API_CHAT ? 1 : p->n_prompts;
     c->n_choices = n_prompts * p->n;
     c->choices = calloc(c->n_choices, sizeof(*c->choices));

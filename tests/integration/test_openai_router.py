@@ -16,6 +16,9 @@ Checks:
     every delta whole UTF-8 (the stream is bytes-checked).
  4. cancellation: curl --max-time 1 on a long generation; within 2 s
     /metrics shows the workers' used KV blocks back to their idle values.
+ 4b. logit_bias (real workers): {X: 100} makes X the first generated token
+    (greedy), {g: -100} on the greedy first token g makes the first token
+    the runner-up of the unbiased top_logprobs; bad maps are 400s naming it.
  5. routing (second cluster, two prefill workers): requests sharing a long
     system prompt go to the worker that holds it and the predicted hit equals
     the workers' measured hit; distinct prefixes spread across both.
@@ -158,6 +161,64 @@ def test_openai(c, args):
               "greedy chat == baton generate (%r vs %r)" % (text, gen))
 
 
+def test_logit_bias(c, args):
+    """OpenAI logit_bias through both workers' samplers (real workers only:
+    the fake worker's tokens are canned)."""
+    if args.workers != "real":
+        return
+    cl = client(c)
+    p = "The capital of France is"
+
+    def tok(text):
+        return json.loads(http("POST", c.base + "/tokenize", {"prompt": text})[1])["tokens"]
+
+    def detok(ids):
+        return json.loads(http("POST", c.base + "/detokenize", {"tokens": ids})[1])["prompt"]
+
+    base = cl.completions.create(model=c.model_id, prompt=p, max_tokens=1, temperature=0,
+                                 logprobs=2)
+    first = base.choices[0].text
+    top = base.choices[0].logprobs.top_logprobs[0]  # {token text: logprob}, best first
+    ranked = sorted(top.items(), key=lambda kv: -kv[1])
+    # +100 on a token the model would not pick forces it (greedy, every position)
+    x = tok(" banana")[-1]
+    xs = detok([x])
+    check(xs != "" and xs != first, "logit_bias: forced token %d %r differs from greedy %r" %
+          (x, xs, first))
+    for api in ("completions", "chat"):
+        if api == "completions":
+            r = cl.completions.create(model=c.model_id, prompt=p, max_tokens=2, temperature=0,
+                                      logit_bias={str(x): 100})
+            out = r.choices[0].text
+        else:
+            r = cl.chat.completions.create(model=c.model_id, messages=chat_msgs(p), max_tokens=2,
+                                           temperature=0, logit_bias={str(x): 100})
+            out = r.choices[0].message.content
+        check(out == xs + xs and r.usage.completion_tokens == 2,
+              "logit_bias %s: {%d: 100} makes %r both generated tokens (got %r)" %
+              (api, x, xs, out))
+    # -100 on the greedy first token: the runner-up of the unbiased logprobs wins
+    g = tok(first)
+    check(len(g) == 1 and detok(g) == first, "logit_bias: greedy first token id %s for %r" %
+          (g, first))
+    if len(g) == 1:
+        r = cl.completions.create(model=c.model_id, prompt=p, max_tokens=1, temperature=0,
+                                  logit_bias={str(g[0]): -100})
+        check(len(ranked) == 2 and r.choices[0].text != first and
+              r.choices[0].text == ranked[1][0],
+              "logit_bias: {%d: -100} turns the first token %r into the runner-up %r (got %r)"
+              % (g[0], first, ranked[1][0] if len(ranked) > 1 else None, r.choices[0].text))
+    # the client sees a 400 naming logit_bias for a bad map
+    try:
+        cl.completions.create(model=c.model_id, prompt=p, max_tokens=1,
+                              logit_bias={str(x): -101})
+        check(False, "logit_bias: -101 accepted")
+    except openai.BadRequestError as e:
+        body = e.body.get("error", e.body) if isinstance(e.body, dict) else {}
+        check(e.status_code == 400 and body.get("param") == "logit_bias",
+              "logit_bias: -101 is a 400 naming logit_bias (%s)" % (e.body,))
+
+
 def curl(c, method, path, body=None, raw=None, extra=()):
     argv = ["curl", "-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, c.base + path,
             "-H", "Content-Type: application/json"] + list(extra)
@@ -188,6 +249,15 @@ def test_errors(c, args):
         ("unsupported parameter", 400, {"model": m, "messages": msgs, "tools": []}, None, "tools"),
         ("too many stops", 400, {"model": m, "messages": msgs, "stop": list("abcde")}, None,
          "stop"),
+        ("logit_bias value over 100", 400, {"model": m, "messages": msgs,
+                                            "logit_bias": {"5": 100.5}}, None, "logit_bias"),
+        ("logit_bias key not a token id", 400, {"model": m, "prompt": "hi",
+                                                "logit_bias": {"five": 1}}, None, "logit_bias"),
+        ("logit_bias id outside the vocabulary", 400,
+         {"model": m, "messages": msgs, "logit_bias": {"999999": 1}}, None, "logit_bias"),
+        ("logit_bias over 300 entries", 400,
+         {"model": m, "messages": msgs, "logit_bias": {str(i): 1 for i in range(301)}}, None,
+         "logit_bias"),
     ]
     for name, status, body, raw, param in cases:
         path = "/v1/completions" if body and "prompt" in body else "/v1/chat/completions"
@@ -524,7 +594,8 @@ def main():
                 kv_blocks=256)
     try:
         c.start()
-        for name, fn in (("openai", test_openai), ("errors", test_errors),
+        for name, fn in (("openai", test_openai), ("logit_bias", test_logit_bias),
+                         ("errors", test_errors),
                          ("utf8", test_utf8), ("cancel", test_cancel), ("observe", test_observe)):
             if name not in skip:
                 fn(c, args)

@@ -92,9 +92,52 @@ static void test_http_api(void) {
                        HTTP_API_CHAT, &p, &err),
                  BATON_ERR_UNSUPPORTED);
     CHECK(!strcmp(err.param, "tools"));
-    expect_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-                 "\"logit_bias\":{\"1\":5}}",
-                 HTTP_API_CHAT, "logit_bias");
+    /* logit_bias (OpenAI: token-id strings -> numbers in [-100, 100], <= 300 entries) */
+    CHECK_OK(parse("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{\"1\":5,\"49151\":-100,"
+                   "\"0\":100,\"7\":-0.5}}",
+                   HTTP_API_COMPLETIONS, &p, &err));
+    CHECK_EQ_INT(p.n_logit_bias, 4);
+    if (p.n_logit_bias == 4) {
+        float want[4] = {5.0f, -100.0f, 100.0f, -0.5f};
+        int32_t ids[4] = {1, 49151, 0, 7};
+        for (int i = 0; i < 4; i++) { /* jansson keeps insertion order */
+            CHECK_EQ_INT(p.logit_bias[i].token, ids[i]);
+            CHECK(p.logit_bias[i].bias == want[i]);
+        }
+    }
+    http_api_params_free(&p);
+    CHECK_OK(parse("{\"model\":\"m\",\"prompt\":\"x\",\"logit_bias\":{}}", HTTP_API_COMPLETIONS,
+                   &p, &err));
+    CHECK(p.n_logit_bias == 0 && p.logit_bias == NULL);
+    http_api_params_free(&p);
+    {
+        const char *lmsg = "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+        char lbuf[512];
+        const char *lb_bad[] = {
+            "{\"1\":100.5}", "{\"1\":-101}", "{\"1\":\"5\"}", "{\"x\":1}", "{\"-1\":1}",
+            "{\"1.5\":1}",   "{\"\":1}",     "{\" 1\":1}",     "{\"01\":1}", "{\"99999999999\":1}",
+            "[1]",           "5",            "{\"1\":true}",   "{\"1\":null}",
+        };
+        for (size_t i = 0; i < sizeof(lb_bad) / sizeof(lb_bad[0]); i++) {
+            snprintf(lbuf, sizeof(lbuf), "{\"model\":\"m\",%s,\"logit_bias\":%s}", lmsg, lb_bad[i]);
+            expect_error(lbuf, HTTP_API_CHAT, "logit_bias");
+        }
+        /* 300 entries pass, 301 are refused */
+        static char big[16384];
+        for (int n = 300; n <= 301; n++) {
+            size_t off = (size_t)snprintf(big, sizeof(big), "{\"model\":\"m\",%s,\"logit_bias\":{", lmsg);
+            for (int t = 0; t < n; t++)
+                off += (size_t)snprintf(big + off, sizeof(big) - off, "%s\"%d\":1", t ? "," : "", t);
+            snprintf(big + off, sizeof(big) - off, "}}");
+            if (n == 300) {
+                CHECK_OK(parse(big, HTTP_API_CHAT, &p, &err));
+                CHECK_EQ_INT(p.n_logit_bias, 300);
+                http_api_params_free(&p);
+            } else {
+                expect_error(big, HTTP_API_CHAT, "logit_bias");
+            }
+        }
+    }
     expect_error("{\"model\":\"m\",\"prompt\":\"x\",\"messages\":[]}", HTTP_API_COMPLETIONS,
                  "messages");
     expect_error("{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
