@@ -119,9 +119,12 @@ class ClientReportTest(unittest.TestCase):
             self.assertEqual(len(r.itl_s), 4)
             self.assertEqual(r.cached_tokens, 16)
             self.assertEqual(r.fingerprint, "fp_test")
-            # the server sleeps GAP_S before each token: TTFT and every ITL at least that
+            # the server sleeps GAP_S before each token: TTFT and E2E are at
+            # least that (a late-read chunk can make one ITL shorter, so the
+            # ITLs are checked to fit inside E2E rather than one by one)
             self.assertGreaterEqual(r.ttft_s, GAP_S * 0.9)
-            self.assertTrue(all(x >= GAP_S * 0.9 for x in r.itl_s))
+            self.assertTrue(all(x >= 0 for x in r.itl_s))
+            self.assertLessEqual(r.ttft_s + sum(r.itl_s), r.e2e_s + 1e-6)
             self.assertGreaterEqual(r.e2e_s, 5 * GAP_S * 0.9)
             self.assertIsNotNone(r.record, r.request_id)   # from the stream or the records endpoint
             self.assertEqual(r.record["stages_ms"]["decode"], 90.0)
