@@ -715,6 +715,23 @@ static void on_ucx(evutil_socket_t fd, short ev, void *arg) {
     kv_transfer_engine_progress(w->xeng);
 }
 
+/* A transfer whose peer failed (or whose deadline passed) before its flush
+ * fails its request now, not when the prefill's last chunk is computed: the
+ * blocks are released and the router and the decode worker told at once.
+ * Runs from the event loop, outside any scheduler step. */
+static void fail_broken_transfers(worker_t *w) {
+    req_ctx_t *c = w->live;
+    while (c) {
+        req_ctx_t *n = c->next;
+        if (c->has_request && c->xfer && !c->flushing && c->xfer_status != BATON_OK) {
+            char why[128];
+            snprintf(why, sizeof(why), "KV send failed: %s", baton_status_str(c->xfer_status));
+            fail_ctx(w, c, c->xfer_status, why, true);
+        }
+        c = n;
+    }
+}
+
 static void on_step(evutil_socket_t fd, short ev, void *arg) {
     worker_t *w = arg;
     int32_t n = 0;
@@ -722,6 +739,7 @@ static void on_step(evutil_socket_t fd, short ev, void *arg) {
     w->last_step_tokens = n;
     publish_events(w);
     kv_transfer_engine_progress(w->xeng);
+    fail_broken_transfers(w);
     /* sockets between steps, without blocking */
     drain(w, w->router);
     drain(w, w->peer_router);
@@ -736,6 +754,7 @@ static void on_deadline(evutil_socket_t fd, short ev, void *arg) {
 static void on_tick(evutil_socket_t fd, short ev, void *arg) {
     worker_t *w = arg;
     kv_transfer_engine_progress(w->xeng); /* transfer deadlines, keepalive */
+    fail_broken_transfers(w);
     uint64_t now = mono_us();
     req_ctx_t *c = w->live;
     while (c) {
