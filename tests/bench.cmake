@@ -9,5 +9,5 @@ foreach(t test_bench_trace test_bench_metrics test_bench_report)
 endforeach()
 add_test(NAME test_bench_e2e
   COMMAND ${BATON_BENCH_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_bench_e2e.py)
-set_tests_properties(test_bench_e2e PROPERTIES LABELS integration TIMEOUT 300
+set_tests_properties(test_bench_e2e PROPERTIES LABELS integration TIMEOUT 600
   ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")

@@ -4,7 +4,7 @@ baton_add_test(NAME test_decode_sched SOURCES unit/test_decode_sched.c
 # The same scenarios (those independent of the tiny model's sizes) on the
 # default model.
 add_test(NAME test_decode_sched_model COMMAND test_decode_sched model)
-set_tests_properties(test_decode_sched_model PROPERTIES LABELS model TIMEOUT 300
+set_tests_properties(test_decode_sched_model PROPERTIES LABELS model TIMEOUT 600
   ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
 # baton-decode as a real process; the test plays the router and the prefill
 # worker (ZeroMQ + real UCX puts from its own pool).

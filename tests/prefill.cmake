@@ -12,4 +12,4 @@ baton_add_test(NAME test_prefill_sched_process SOURCES unit/test_prefill_sched_p
 add_dependencies(test_prefill_sched_process baton-prefill)
 # The scheduler on the default model (k*B-1, k*B, k*B+1 prompts, cold/warm).
 baton_add_test(NAME test_prefill_sched_model SOURCES unit/test_prefill_sched_model.c
-  LIBS baton_prefill_sched LABELS model TIMEOUT 300)
+  LIBS baton_prefill_sched LABELS model TIMEOUT 600)

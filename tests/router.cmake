@@ -22,7 +22,7 @@ if(TARGET baton_router AND TARGET baton-worker AND TARGET baton)
   add_test(NAME test_router_colocated
     COMMAND ${BATON_ROUTER_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_openai_router.py
       --build ${CMAKE_BINARY_DIR} --workers real --colocated --baton-cli $<TARGET_FILE:baton>)
-  set_tests_properties(test_router_colocated PROPERTIES LABELS integration TIMEOUT 300
+  set_tests_properties(test_router_colocated PROPERTIES LABELS integration TIMEOUT 600
     ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
 endif()
 if(TARGET baton_router AND TARGET baton-prefill AND TARGET baton-decode AND TARGET baton)
@@ -33,7 +33,7 @@ if(TARGET baton_router AND TARGET baton-prefill AND TARGET baton-decode AND TARG
     COMMAND ${BATON_ROUTER_PY} ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_openai_router.py
       --build ${CMAKE_BINARY_DIR} --workers real --skip errors,utf8
       --baton-cli $<TARGET_FILE:baton>)
-  set_tests_properties(test_router_disaggregated PROPERTIES LABELS integration TIMEOUT 300
+  set_tests_properties(test_router_disaggregated PROPERTIES LABELS integration TIMEOUT 600
     ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
 endif()
 

@@ -16,7 +16,7 @@ endif()
 if(TARGET baton-worker AND TARGET baton)
   foreach(s ${workers_scenarios})
     add_test(NAME test_workers_${s} COMMAND ${BATON_WORKERS_PY} ${BATON_WORKERS_TEST} ${s})
-    set_tests_properties(test_workers_${s} PROPERTIES LABELS integration TIMEOUT 300
+    set_tests_properties(test_workers_${s} PROPERTIES LABELS integration TIMEOUT 900
       ENVIRONMENT "BATON_SOURCE_DIR=${CMAKE_SOURCE_DIR};BATON_BINARY_DIR=${CMAKE_BINARY_DIR}")
   endforeach()
 endif()

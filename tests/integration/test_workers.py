@@ -280,11 +280,11 @@ def scenario_colocated_abort():
         check(router.n_cached(colo) == 0, "prefill aborted before its last chunk caches nothing")
         # during decode
         rid = router.submit(colo, colo, prompt[:40], 400)
-        router.wait_for(lambda: len(router.request(rid).tokens) >= 2, 60, "decode to start")
+        router.wait_for(lambda: len(router.request(rid).tokens) >= 2, 180, "decode to start")
         abort_and_check(router, rid, [colo], [(colo, cached)], "abort during decode")
         # still serving
         rid = router.submit(colo, colo, prompt[:20], 4)
-        [r] = router.wait_done([rid], timeout=60)
+        [r] = router.wait_done([rid], timeout=180)
         check(r.finished["status"] == 0 and len(r.tokens) == 4, "serves after aborts")
     finally:
         codes = procs.stop_all()
@@ -478,10 +478,10 @@ def scenario_disagg_abort():
         abort_and_check(router, rid, [p, d], idle, "abort during transfer")
         # during decode
         rid = router.submit(p, d, prompt[:40], 400)
-        router.wait_for(lambda: len(router.request(rid).tokens) >= 2, 60, "decode to start")
+        router.wait_for(lambda: len(router.request(rid).tokens) >= 2, 180, "decode to start")
         abort_and_check(router, rid, [p, d], idle, "abort during decode")
         rid = router.submit(p, d, prompt[:20], 4)
-        [r] = router.wait_done([rid], timeout=60)
+        [r] = router.wait_done([rid], timeout=180)
         check(r.finished["status"] == 0 and len(r.tokens) == 4, "serves after aborts")
     finally:
         codes = procs.stop_all()
@@ -518,7 +518,7 @@ def scenario_disagg_kill_decode():
               "prefill worker freed the request's blocks (used %d == cached %d)"
               % (hb.get("used_blocks", 0), router.n_cached(p)))
         rid = router.submit(p, "dc2", prompt[:30], 4)
-        [r] = router.wait_done([rid], timeout=60)
+        [r] = router.wait_done([rid], timeout=180)
         check(r.finished["status"] == 0 and len(r.tokens) == 4,
               "prefill worker keeps serving with another decode worker")
     finally:
