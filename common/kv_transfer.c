@@ -826,6 +826,14 @@ baton_status_t kv_transfer_send_layer(kv_transfer_t *xfer, int32_t layer,
     return BATON_OK;
 }
 
+baton_status_t kv_transfer_restart_deadline(kv_transfer_t *xfer, uint32_t timeout_ms) {
+    if (!xfer || xfer->state != KV_TRANSFER_STATE_ACTIVE)
+        return baton_error(BATON_ERR_INVALID_ARG, "kv_transfer_restart_deadline: no active transfer");
+    xfer->deadline_ns =
+        now_ns() + (uint64_t)(timeout_ms ? timeout_ms : KVT_DEFAULT_TIMEOUT_MS) * 1000000ull;
+    return BATON_OK;
+}
+
 baton_status_t kv_transfer_flush(kv_transfer_t *xfer) {
     if (!xfer) return baton_error(BATON_ERR_INVALID_ARG, "kv_transfer_flush: NULL transfer");
     kv_transfer_t *x = xfer;

@@ -223,6 +223,13 @@ baton_status_t kv_transfer_begin(kv_transfer_peer_t *peer, const kv_transfer_poo
 baton_status_t kv_transfer_send_layer(kv_transfer_t *xfer, int32_t layer,
                                       const kv_transfer_block_pair_t *pairs, size_t n_pairs);
 
+/* Sets the transfer's deadline to now + timeout_ms (0 = the engine default,
+ * 30 s). A prefill worker begins a transfer when the KVDestination arrives,
+ * which can be long before its request leaves the prefill queue; it restarts
+ * the deadline at the first put, so queueing does not eat transfer time.
+ * Errors: BATON_ERR_INVALID_ARG (NULL or not ACTIVE). */
+baton_status_t kv_transfer_restart_deadline(kv_transfer_t *xfer, uint32_t timeout_ms);
+
 /* Ends the transfer: ucp_ep_flush_nbx on the endpoint, so that when the
  * callback reports BATON_OK every put is complete at the remote side and a
  * "done" control message may be sent. If the flush completes at once the

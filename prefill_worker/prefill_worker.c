@@ -55,6 +55,7 @@ typedef struct req_ctx {
     uint64_t orphan_deadline_us; /* destination without request: dropped after (monotonic) */
     kv_transfer_t *xfer;
     baton_status_t xfer_status; /* a failure reported before the flush */
+    bool sent_any;              /* a put was issued (the deadline restarted) */
     bool flushing;
     prefill_sched_result_t res; /* kept from the finished hook for PrefillDone */
     sampling_logprob_t top[SAMPLING_MAX_LOGPROBS];
@@ -338,9 +339,15 @@ static void answer_resync(worker_t *w) {
 
 static baton_status_t on_send_layer(void *arg, void *dest_user, int32_t layer,
                                     const kv_transfer_block_pair_t *pairs, size_t n) {
+    worker_t *w = arg;
     req_ctx_t *c = dest_user;
     if (!c->xfer) return baton_error(BATON_ERR_INTERNAL, "no transfer for the request");
     if (c->xfer_status != BATON_OK) return c->xfer_status;
+    if (!c->sent_any) { /* the transfer's deadline runs from its first put */
+        baton_status_t st = kv_transfer_restart_deadline(c->xfer, w->cfg.transfer_timeout_ms);
+        if (st != BATON_OK) return st;
+        c->sent_any = true;
+    }
     return kv_transfer_send_layer(c->xfer, layer, pairs, n);
 }
 
@@ -400,6 +407,8 @@ static void on_finished(void *arg, const prefill_sched_result_t *res) {
     /* whatever it returns, on_xfer_done completes the request: from inside
      * this call, or later from kv_transfer_engine_progress (a transfer that
      * failed meanwhile has its callback pending) */
+    if (!c->sent_any) /* nothing was put: the flush still gets a deadline */
+        kv_transfer_restart_deadline(c->xfer, w->cfg.transfer_timeout_ms);
     kv_transfer_flush(c->xfer);
 }
 
@@ -621,8 +630,11 @@ static void handle_kv_destination(worker_t *w, const proto_kv_destination_t *d) 
     baton_status_t st = BATON_OK;
     kv_transfer_peer_t *peer = ucx_peer(w, d, &st);
     if (peer)
-        st = kv_transfer_begin(peer, w->xpool, w->cfg.transfer_timeout_ms, on_xfer_done, c,
-                               &c->xfer);
+        /* No deadline while the request waits for its prefill (the router's
+         * request deadline and Abort bound that); on_send_layer starts the
+         * transfer's own deadline at the first put. Peer failure is still
+         * reported at once by the endpoint's error handler. */
+        st = kv_transfer_begin(peer, w->xpool, UINT32_MAX, on_xfer_done, c, &c->xfer);
     if (st != BATON_OK) {
         char why[600];
         snprintf(why, sizeof(why), "KV transfer to %s not possible: %s", d->decode_worker_id,
